@@ -1,0 +1,63 @@
+"""Shared fixtures: a tiny hand-made VOC-layout dataset whose every value is known."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wsss.data.classes import voc_palette
+from wsss.data.labels import labels_from_masks, save_labels
+from wsss.io import save_image, save_mask
+
+TINY_CLASSES = ["background", "cat", "dog"]
+
+
+def write_xml(path: Path, filename: str, size: tuple[int, int], objects: list[tuple[str, int]]) -> None:
+    """A VOC annotation with ``objects`` as (name, difficult) pairs."""
+    objs = "".join(
+        f"<object><name>{n}</name><difficult>{d}</difficult>"
+        "<bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object>"
+        for n, d in objects
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"<annotation><filename>{filename}</filename><size><width>{size[0]}</width>"
+        f"<height>{size[1]}</height><depth>3</depth></size>{objs}</annotation>"
+    )
+
+
+@pytest.fixture
+def tiny_voc(tmp_path: Path) -> Path:
+    """Four images of different non-square sizes; masks with a cat square, a dog square and 255 borders."""
+    root = tmp_path / "VOC"
+    rng = np.random.default_rng(0)
+    specs = {  # id: (width, height, classes present)
+        "a1": (48, 32, [1]),
+        "a2": (40, 56, [2]),
+        "b1": (64, 40, [1, 2]),
+        "b2": (36, 36, []),
+    }
+    for image_id, (w, h, present) in specs.items():
+        image = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        mask = np.zeros((h, w), dtype=np.uint8)
+        for k, c in enumerate(present):
+            y0, x0 = 4 + 6 * k, 4 + 10 * k
+            mask[y0 - 1 : y0 + 13, x0 - 1 : x0 + 13] = 255
+            mask[y0 : y0 + 12, x0 : x0 + 12] = c
+        save_image(root / "JPEGImages" / f"{image_id}.jpg", image)
+        save_mask(root / "SegmentationClass" / f"{image_id}.png", mask, voc_palette())
+        write_xml(
+            root / "Annotations" / f"{image_id}.xml",
+            f"{image_id}.jpg",
+            (w, h),
+            [(TINY_CLASSES[c], int(c == 2)) for c in present],
+        )
+    sets = root / "ImageSets" / "Segmentation"
+    sets.mkdir(parents=True)
+    (sets / "train.txt").write_text("a1\na2\nb1\n")
+    (sets / "val.txt").write_text("b1\nb2\n")
+    (root / "classes.txt").write_text("\n".join(TINY_CLASSES) + "\n")
+    save_labels(root / "cls_labels.json", labels_from_masks(root / "SegmentationClass", 3), TINY_CLASSES)
+    return root

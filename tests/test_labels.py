@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import TINY_CLASSES, write_xml
+from tools import make_cls_labels
+from wsss.data.labels import labels_from_masks, labels_from_xml, load_labels, parse_voc_xml, save_labels
+
+
+def test_xml_labels_include_difficult(tiny_voc):
+    labels = labels_from_xml(tiny_voc / "Annotations", TINY_CLASSES)
+    assert labels["a1"].tolist() == [1, 0]
+    assert labels["a2"].tolist() == [0, 1]  # the dog is marked difficult and still counts
+    assert labels["b1"].tolist() == [1, 1]
+    assert labels["b2"].tolist() == [0, 0]
+
+
+def test_xml_and_masks_agree(tiny_voc):
+    a = labels_from_xml(tiny_voc / "Annotations", TINY_CLASSES)
+    b = labels_from_masks(tiny_voc / "SegmentationClass", len(TINY_CLASSES))
+    assert a.keys() == b.keys()
+    assert all((a[k] == b[k]).all() for k in a)
+
+
+def test_parse_real_voc_style_xml(tmp_path):
+    path = tmp_path / "x.xml"
+    write_xml(path, "x.jpg", (500, 375), [("person", 0), ("dog", 1), ("person", 0)])
+    assert parse_voc_xml(path) == ["person", "dog", "person"]
+
+
+def test_unknown_class_in_xml_names_file(tiny_voc):
+    write_xml(tiny_voc / "Annotations" / "zz.xml", "zz.jpg", (5, 5), [("horse", 0)])
+    with pytest.raises(ValueError, match=r"zz.xml.*horse.*--classes"):
+        labels_from_xml(tiny_voc / "Annotations", TINY_CLASSES)
+
+
+def test_broken_xml_names_file(tiny_voc):
+    (tiny_voc / "Annotations" / "broken.xml").write_text("<annotation><object>")
+    with pytest.raises(ValueError, match="broken.xml"):
+        labels_from_xml(tiny_voc / "Annotations", TINY_CLASSES)
+
+
+def test_mask_value_out_of_range_names_file(tiny_voc):
+    from wsss.io import save_mask
+
+    save_mask(tiny_voc / "SegmentationClass" / "bad.png", np.full((4, 4), 7, np.uint8))
+    with pytest.raises(ValueError, match=r"bad.png.*\[7\]"):
+        labels_from_masks(tiny_voc / "SegmentationClass", len(TINY_CLASSES))
+
+
+def test_label_file_roundtrip_and_class_mismatch(tmp_path):
+    labels = {"x": np.array([1, 0], np.uint8), "y": np.array([1, 1], np.uint8)}
+    save_labels(tmp_path / "l.json", labels, TINY_CLASSES)
+    back = load_labels(tmp_path / "l.json", TINY_CLASSES)
+    assert {k: v.tolist() for k, v in back.items()} == {"x": [1, 0], "y": [1, 1]}
+    with pytest.raises(ValueError, match="made for classes"):
+        load_labels(tmp_path / "l.json", ["background", "cat", "cow"])
+    with pytest.raises(FileNotFoundError, match="make_cls_labels"):
+        load_labels(tmp_path / "missing.json", TINY_CLASSES)
+
+
+def test_cli_xml_and_masks(tiny_voc, tmp_path, capsys):
+    out = tmp_path / "labels.json"
+    assert make_cls_labels.main([str(tiny_voc), "--classes", str(tiny_voc / "classes.txt"), "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["classes"] == TINY_CLASSES and payload["labels"]["b1"] == [1, 1]
+    assert "4 images" in capsys.readouterr().out
+    out2 = tmp_path / "labels2.json"
+    argv = [str(tiny_voc), "--source", "masks", "--mask-dir", "SegmentationClass"]
+    assert make_cls_labels.main(argv + ["--classes", str(tiny_voc / "classes.txt"), "--out", str(out2)]) == 0
+    assert json.loads(out2.read_text()) == payload

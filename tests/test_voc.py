@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import TINY_CLASSES
+from wsss.config import DataConfig
+from wsss.data.transforms import TrainAugment, backbone_mean_std, denormalize, normalize
+from wsss.data.voc import VOCClsDataset, VOCSegDataset, collate_list
+from wsss.io import read_image, read_mask, save_mask
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def cfg_for(root, **kw) -> DataConfig:
+    base = dict(
+        root=str(root), classes="classes.txt", train_split="train", val_split="val",
+        mask_dir="SegmentationClass", crop_size=32,
+    )  # fmt: skip
+    base.update(kw)
+    return DataConfig(**base)
+
+
+def test_mean_std_come_from_timm():
+    mean, std = backbone_mean_std("deit_small_patch16_224")
+    assert mean == pytest.approx(MEAN) and std == pytest.approx(STD)
+    assert backbone_mean_std("vit_small_patch16_224.augreg_in21k")[0] == pytest.approx((0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="no model named"):
+        backbone_mean_std("not_a_model")
+
+
+def test_seg_dataset_values(tiny_voc):
+    ds = VOCSegDataset(cfg_for(tiny_voc), MEAN, STD)
+    assert ds.classes == TINY_CLASSES and ds.ids == ["b1", "b2"]
+    item = ds[0]
+    raw = read_image(tiny_voc / "JPEGImages" / "b1.jpg")
+    assert item["image"].shape == (3, 40, 64) and item["mask"].shape == (40, 64)
+    assert (item["raw"] == raw).all()
+    assert torch.allclose(denormalize(item["image"][None], MEAN, STD)[0], normalize(raw, (0,) * 3, (1,) * 3), atol=1e-6)
+    assert item["mask"][10, 10] == 1 and item["mask"][3, 3] == 255 and item["mask"][0, 0] == 0
+    batch = collate_list([ds[0], ds[1]])
+    assert batch["id"] == ["b1", "b2"]
+
+
+def test_cls_dataset_label_and_crop(tiny_voc):
+    ds = VOCClsDataset(cfg_for(tiny_voc), MEAN, STD, with_mask=True)
+    item = ds[2]  # b1: cat and dog
+    assert item["id"] == "b1" and item["label"].tolist() == [1.0, 1.0]
+    assert item["image"].shape == (3, 32, 32) and item["mask"].shape == (32, 32)
+    y0, y1, x0, x1 = item["box"].tolist()
+    assert 0 <= y0 < y1 <= 32 and 0 <= x0 < x1 <= 32
+    outside = torch.ones(32, 32, dtype=torch.bool)
+    outside[y0:y1, x0:x1] = False
+    assert (item["image"][:, outside] == 0).all()  # zero padding (in normalised space)
+    assert (item["mask"][outside] == 255).all()
+
+
+def test_cls_dataset_is_deterministic_per_epoch(tiny_voc):
+    ds = VOCClsDataset(cfg_for(tiny_voc), MEAN, STD, seed=3)
+    a, b = ds[0]["image"], ds[0]["image"]
+    assert torch.equal(a, b)
+    ds.epoch = 1
+    assert not torch.equal(a, ds[0]["image"])
+
+
+def test_augmentation_keeps_mask_aligned_with_image():
+    """A colour-coded image: after scale, pad, crop and flip every valid pixel's colour still names its label."""
+    h, w = 60, 90
+    mask = np.zeros((h, w), np.uint8)
+    mask[:, 30:60] = 1
+    mask[:, 60:] = 2
+    colours = np.array([[0, 0, 0], [255, 255, 255], [255, 0, 0]], np.uint8)
+    image = colours[mask]
+    cfg = DataConfig(crop_size=64, color_jitter_prob=0.0, grayscale_prob=0.0, blur_prob=0.0)
+    aug = TrainAugment(cfg, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    flips = 0
+    for seed in range(20):
+        s = aug(image, mask, seed)
+        y0, y1, x0, x1 = s.box
+        inside = s.image[y0:y1, x0:x1] * 255.0
+        m = s.mask[y0:y1, x0:x1]
+        expected = colours[m].astype(np.float32)
+        # away from label edges (bilinear blends neighbours there) colours match the labels exactly
+        interior = np.ones_like(m, dtype=bool)
+        for shift in (-2, -1, 1, 2):
+            interior &= m == np.roll(m, shift, 1)
+        assert np.abs(inside - expected)[interior].max() < 1.0
+        assert (s.mask[:y0] == 255).all() and (s.mask[y1:] == 255).all()
+        assert (s.mask[:, :x0] == 255).all() and (s.mask[:, x1:] == 255).all()
+        assert (s.image[:y0] == 0).all() and (s.image[:, x1:] == 0).all()
+        cols = [np.unique(m[:, j]) for j in range(m.shape[1])]
+        order = [c[0] for c in cols if len(c) == 1]
+        flips += order[0] > order[-1]  # label 2 (right) ended up on the left
+    assert 0 < flips < 20
+
+
+def test_scale_range_bounds_the_object_size():
+    mask = np.zeros((100, 100), np.uint8)
+    image = np.zeros((100, 100, 3), np.uint8)
+    cfg = DataConfig(crop_size=256, scale_range=(0.5, 2.0), color_jitter_prob=0, grayscale_prob=0, blur_prob=0)
+    aug = TrainAugment(cfg, (0.0,) * 3, (1.0,) * 3)
+    sizes = [aug(image, mask, seed).box for seed in range(30)]
+    heights = [b[1] - b[0] for b in sizes]
+    assert min(heights) >= 50 and max(heights) <= 200 and max(heights) - min(heights) > 50
+
+
+def test_missing_root(tmp_path):
+    with pytest.raises(FileNotFoundError, match="dataset root not found.*data.root"):
+        VOCSegDataset(cfg_for(tmp_path / "absent"), MEAN, STD)
+
+
+def test_missing_split_file(tiny_voc):
+    with pytest.raises(FileNotFoundError, match=r"split file not found.*nosuch.txt"):
+        VOCSegDataset(cfg_for(tiny_voc, val_split="nosuch"), MEAN, STD)
+
+
+def test_split_id_without_image(tiny_voc):
+    (tiny_voc / "ImageSets" / "Segmentation" / "val.txt").write_text("b1\nghost\n")
+    with pytest.raises(FileNotFoundError, match=r"val.txt have no image.*ghost"):
+        VOCSegDataset(cfg_for(tiny_voc), MEAN, STD)
+
+
+def test_split_id_without_label(tiny_voc):
+    (tiny_voc / "ImageSets" / "Segmentation" / "train.txt").write_text("a1\nb2\n")
+    (tiny_voc / "cls_labels.json").write_text('{"classes": ["background", "cat", "dog"], "labels": {"a1": [1, 0]}}')
+    with pytest.raises(ValueError, match="missing from cls_labels.json.*b2"):
+        VOCClsDataset(cfg_for(tiny_voc), MEAN, STD)
+
+
+def test_mask_size_mismatch_names_files(tiny_voc):
+    save_mask(tiny_voc / "SegmentationClass" / "b2.png", np.zeros((10, 12), np.uint8))
+    ds = VOCSegDataset(cfg_for(tiny_voc), MEAN, STD)
+    with pytest.raises(ValueError, match=r"b2.png: mask is 12x10 but image .*b2.jpg is 36x36"):
+        ds[1]
+
+
+def test_mask_values_out_of_range_name_file(tiny_voc):
+    mask = read_mask(tiny_voc / "SegmentationClass" / "b2.png")
+    mask[0, 0] = 5
+    save_mask(tiny_voc / "SegmentationClass" / "b2.png", mask)
+    ds = VOCSegDataset(cfg_for(tiny_voc), MEAN, STD)
+    with pytest.raises(ValueError, match=r"b2.png: label values \[5\] are outside \[0, 3\)"):
+        ds[1]
+
+
+def test_classes_list_in_config_sets_class_count(tiny_voc):
+    ds = VOCSegDataset(cfg_for(tiny_voc, classes=["background", "cat", "dog", "cow"]), MEAN, STD)
+    assert len(ds.classes) == 4
+    with pytest.raises(FileNotFoundError, match="class list file not found"):
+        VOCSegDataset(cfg_for(tiny_voc, classes="nope.txt"), MEAN, STD)

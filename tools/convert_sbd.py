@@ -1,0 +1,28 @@
+"""Convert SBD class masks to PNG in VOC_ROOT/SegmentationClassAug and write the train_aug split.
+
+    python tools/convert_sbd.py SBD_ROOT VOC_ROOT
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from wsss.data.sbd import convert_sbd
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sbd_root", help="unpacked SBD (benchmark_RELEASE, or its dataset/ folder)")
+    parser.add_argument("voc_root", help="VOC2012 root (holds JPEGImages/, SegmentationClass/, ImageSets/)")
+    parser.add_argument("--out-dir", default="SegmentationClassAug", help="mask folder to write under VOC_ROOT")
+    args = parser.parse_args(argv)
+    counts = convert_sbd(args.sbd_root, args.voc_root, out_dir=args.out_dir)
+    print(
+        f"converted {counts['sbd']} SBD masks, copied {counts['voc']} VOC masks, "
+        f"{counts['images_copied']} images copied; train_aug.txt lists {counts['train_aug']} ids"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

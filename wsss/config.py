@@ -1,0 +1,315 @@
+"""Typed configuration: mmseg-style Python files validated into dataclasses.
+
+A config file is plain Python (``_base_`` inheritance and ``--cfg-options a.b=v`` overrides as mmseg
+users know them, parsed by ``mmengine.Config``). The resulting dict is validated into :class:`Config`:
+unknown keys and wrong types are rejected with an error naming the key. Every number the pipeline uses
+lives here; the defaults are the paper's (``../shared/DESIGN.md`` section 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import pprint
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from wsss.data.classes import VOC_CLASSES
+from wsss.io import atomic_write_text
+
+
+class ConfigError(ValueError):
+    """A config value is unknown or of the wrong type."""
+
+
+@dataclass
+class DataConfig:
+    """Dataset layout and training augmentation."""
+
+    root: str = "data/VOCdevkit/VOC2012"
+    classes: Union[list[str], str] = field(default_factory=lambda: list(VOC_CLASSES))
+    """Class names with background first, or a text file with one name per line."""
+    train_split: str = "train_aug"
+    """A split name (``ImageSets/Segmentation/<name>.txt`` under root) or a path to a split file."""
+    val_split: str = "val"
+    mask_dir: str = "SegmentationClassAug"
+    label_file: str = "cls_labels.json"
+    """Image-level labels written by ``tools/make_cls_labels.py`` (relative to root, or absolute)."""
+    ignore_index: int = 255
+    crop_size: int = 448
+    scale_range: tuple[float, float] = (0.5, 2.0)
+    hflip_prob: float = 0.5
+    color_jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.2, 0.1)
+    """Brightness, contrast, saturation, hue."""
+    color_jitter_prob: float = 0.8
+    grayscale_prob: float = 0.2
+    blur_prob: float = 0.1
+    blur_sigma: tuple[float, float] = (0.1, 2.0)
+    num_workers: int = 2
+
+
+@dataclass
+class AttentionConfig:
+    """Which self-attention variant replaces timm's, in which blocks, with its constants."""
+
+    name: str = "centered"
+    """One of ``vanilla``, ``centered``, ``neutreno``, ``gfsa``, ``contranorm``."""
+    blocks: Union[list[int], None] = None
+    """Block indices (negative allowed) that get the variant; None means every block."""
+    gamma: float = -1.0
+    """centered: offset of the attention rows, which sum to 1 + gamma."""
+    lam: float = 0.6
+    """neutreno: weight of (V0 - V)."""
+    k: int = 3
+    """gfsa: order of the high-order term."""
+    scale: float = 0.2
+    """contranorm: strength s of the uniformity term."""
+    tau: float = 1.0
+    """contranorm: temperature."""
+
+
+@dataclass
+class ModelConfig:
+    """Backbone, attention variant and heads."""
+
+    backbone: str = "deit_small_patch16_224"
+    backbone_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments to ``timm.create_model`` (e.g. depth for a small toy ViT)."""
+    pretrained: str = "hub"
+    """``""`` (random init), ``hub`` (timm's default weights), ``hub:<tag>``, or a checkpoint file path."""
+    drop_path_rate: float = 0.1
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    aux_layer: int = -3
+    """Block whose patch tokens (before the final norm) feed the auxiliary classifier."""
+    decoder_channels: int = 512
+    decoder_dilation: int = 5
+
+
+@dataclass
+class CamConfig:
+    """Class activation maps and their thresholds."""
+
+    scales: tuple[float, ...] = (1.0, 0.5, 1.5)
+    fg_thresh: float = 0.7
+    bg_thresh: float = 0.25
+    infer_bg_thresh: float = 0.5
+
+
+@dataclass
+class ParConfig:
+    """Pixel-adaptive refinement of CAMs."""
+
+    num_iter: int = 10
+    dilations: tuple[int, ...] = (1, 2, 4, 8, 12, 24)
+    w1: float = 0.3
+    w2: float = 0.01
+    scale: float = 0.5
+
+
+@dataclass
+class LossConfig:
+    """Loss weights, the iteration at which the dense losses start, energy-loss constants."""
+
+    aux_weight: float = 1.0
+    seg_weight: float = 0.1
+    reg_weight: float = 0.05
+    seg_start_iter: int = 2000
+    reg_sigma_rgb: float = 15.0
+    reg_sigma_xy: float = 100.0
+    reg_scale: float = 0.5
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then polynomial decay."""
+
+    lr: float = 6e-5
+    head_lr_mult: float = 10.0
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_iters: int = 2500
+    warmup_ratio: float = 1e-6
+    power: float = 0.9
+
+
+@dataclass
+class TrainConfig:
+    """Loop length, batch, intervals."""
+
+    max_iters: int = 80000
+    batch_size: int = 4
+    seed: int = 0
+    amp: bool = True
+    """bf16 autocast on GPU (ignored on CPU)."""
+    log_interval: int = 50
+    val_interval: int = 5000
+    ckpt_interval: int = 5000
+    val_max_images: Union[int, None] = None
+
+
+@dataclass
+class CrfConfig:
+    """Dense CRF post-processing (pydensecrf2)."""
+
+    gaussian_sxy: float = 1.0
+    gaussian_compat: float = 1.0
+    bilateral_sxy: float = 121.0
+    bilateral_srgb: float = 5.0
+    bilateral_compat: float = 4.0
+    iterations: int = 10
+    workers: int = 2
+
+
+@dataclass
+class InferConfig:
+    """Test-time augmentation."""
+
+    scales: tuple[float, ...] = (1.0, 1.25, 1.5)
+    flip: bool = True
+    crf: CrfConfig = field(default_factory=CrfConfig)
+
+
+@dataclass
+class Config:
+    """The whole pipeline's configuration."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cam: CamConfig = field(default_factory=CamConfig)
+    par: ParConfig = field(default_factory=ParConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
+    work_dir: str = ""
+
+
+def from_dict(cls: type, data: Any, key: str = "") -> Any:
+    """Validate a nested dict into dataclass ``cls``.
+
+    Args:
+        cls: The dataclass to build.
+        data: A mapping of field names to values (nested mappings for nested dataclasses).
+        key: Dotted prefix of ``data`` within the whole config, used in error messages.
+
+    Raises:
+        ConfigError: On an unknown key or a value of the wrong type; the message names the key.
+    """
+    where = key or "config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a dict, got {type(data).__name__} {data!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    for name in data:
+        if name not in names:
+            close = difflib.get_close_matches(str(name), names, n=1)
+            hint = f" Did you mean '{_join(key, close[0])}'?" if close else ""
+            raise ConfigError(
+                f"unknown config key '{_join(key, name)}'.{hint} Valid keys here: {', '.join(names)}"
+            )
+    hints = typing.get_type_hints(cls)
+    return cls(**{name: _coerce(hints[name], value, _join(key, name)) for name, value in data.items()})
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else str(name)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Check ``value`` against type ``tp`` and convert lists to tuples where the type says tuple."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        for arg in args:
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"config key '{key}': {value!r} matches none of {_type_name(tp)}")
+    if tp is type(None):
+        if value is not None:
+            raise ConfigError(f"config key '{key}': expected None, got {value!r}")
+        return None
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+        return float(value)
+    if tp in (int, bool, str):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ConfigError(f"config key '{key}': expected {tp.__name__}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+            items = [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+        else:
+            if len(value) != len(args):
+                raise ConfigError(f"config key '{key}': expected {len(args)} values, got {value!r}")
+            items = [_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value))]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"config key '{key}': expected a dict with string keys, got {value!r}")
+        return {k: _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
+    raise TypeError(f"unsupported config field type {tp!r} for '{key}'")
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "")
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain nested dicts, lists and tuples (safe for ``torch.load(weights_only=True)``)."""
+    return dataclasses.asdict(cfg)
+
+
+def load_config(path: str | Path, options: dict[str, Any] | None = None) -> Config:
+    """Load a Python config file (with ``_base_`` inheritance) and apply dotted-key overrides.
+
+    Args:
+        path: The config file.
+        options: ``{"a.b": value}`` overrides, as parsed from ``--cfg-options a.b=value``.
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+        ConfigError: An unknown key or a wrong type (in the file or in the overrides).
+    """
+    from mmengine.config import Config as MMConfig
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    raw = MMConfig.fromfile(str(path))
+    if options:
+        raw.merge_from_dict(options)
+    data = raw.to_dict()
+    data.pop("_base_", None)
+    return from_dict(Config, data)
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    """Write ``cfg`` as a self-contained Python config file that :func:`load_config` reads back identically."""
+    lines = ["# Resolved wsss config: every value explicit, no _base_.\n"]
+    for name, value in to_dict(cfg).items():
+        lines.append(f"{name} = {pprint.pformat(value, sort_dicts=False, width=100)}\n")
+    atomic_write_text(path, "".join(lines))
+
+
+def parse_cfg_options(items: list[str] | None) -> dict[str, Any]:
+    """Parse ``["a.b=1", "c=[1,2]"]`` as mmengine's ``DictAction`` does (numbers, lists, booleans, None)."""
+    from mmengine.config import DictAction
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--cfg-options expects key=value, got '{item}'")
+        k, v = item.split("=", 1)
+        out[k] = DictAction._parse_iterable(v)
+    return out

@@ -1,0 +1,145 @@
+"""Image-level labels: parsed from VOC XML annotations or from segmentation masks, stored as one JSON file.
+
+The label file maps each image id to a multi-hot list over the C-1 foreground classes (background
+excluded) and records the class names it was made for, so a mismatch with the config is caught.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from wsss.io import atomic_write_text, read_mask
+
+
+def parse_voc_xml(path: str | Path) -> list[str]:
+    """Every ``<object><name>`` in a VOC annotation file, difficult objects included.
+
+    Raises:
+        ValueError: The file is not valid XML or has an object without a name.
+    """
+    path = Path(path)
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as err:
+        raise ValueError(f"{path}: not a valid VOC annotation XML ({err})") from None
+    names = []
+    for obj in root.iter("object"):
+        name = obj.findtext("name")
+        if name is None or not name.strip():
+            raise ValueError(f"{path}: an <object> has no <name>")
+        names.append(name.strip())
+    return names
+
+
+def multi_hot(indices: list[int] | np.ndarray, num_fg: int) -> np.ndarray:
+    """(num_fg,) uint8 vector with ones at the given foreground indices (0-based, background excluded)."""
+    vec = np.zeros(num_fg, dtype=np.uint8)
+    vec[np.asarray(indices, dtype=np.int64)] = 1
+    return vec
+
+
+def labels_from_xml(ann_dir: str | Path, classes: list[str]) -> dict[str, np.ndarray]:
+    """Labels for every ``<id>.xml`` in ``ann_dir``.
+
+    Args:
+        ann_dir: The ``Annotations`` folder.
+        classes: Class names, background first.
+
+    Raises:
+        FileNotFoundError: ``ann_dir`` is missing or holds no XML file.
+        ValueError: An object name is not in ``classes`` (the message names the file and the fix).
+    """
+    ann_dir = Path(ann_dir)
+    files = sorted(ann_dir.glob("*.xml")) if ann_dir.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"no annotation XML files in {ann_dir}; use --source masks if you have none")
+    index = {name: i - 1 for i, name in enumerate(classes) if i > 0}
+    labels = {}
+    for path in tqdm(files, desc="xml labels", unit="file", leave=False):
+        names = parse_voc_xml(path)
+        unknown = sorted(set(names) - set(index))
+        if unknown:
+            raise ValueError(
+                f"{path}: object class(es) {unknown} not in the class list {classes[1:]}. "
+                "Pass the right list with --classes FILE."
+            )
+        labels[path.stem] = multi_hot([index[n] for n in names], len(classes) - 1)
+    return labels
+
+
+def labels_from_masks(
+    mask_dir: str | Path, num_classes: int, ignore_index: int = 255
+) -> dict[str, np.ndarray]:
+    """Labels for every ``<id>.png`` in ``mask_dir``: the foreground classes present in the mask.
+
+    Raises:
+        FileNotFoundError: ``mask_dir`` is missing or holds no PNG.
+        ValueError: A mask holds a value outside ``[0, num_classes)`` and ``ignore_index``.
+    """
+    mask_dir = Path(mask_dir)
+    files = sorted(mask_dir.glob("*.png")) if mask_dir.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"no mask PNG files in {mask_dir}")
+    labels = {}
+    for path in tqdm(files, desc="mask labels", unit="file", leave=False):
+        values = np.unique(read_mask(path))
+        check_mask_values(values, num_classes, ignore_index, path)
+        fg = values[(values > 0) & (values != ignore_index)].astype(np.int64) - 1
+        labels[path.stem] = multi_hot(fg, num_classes - 1)
+    return labels
+
+
+def check_mask_values(values: np.ndarray, num_classes: int, ignore_index: int, path: str | Path) -> None:
+    """Raise ValueError naming ``path`` if any value lies outside ``[0, num_classes)`` and ``ignore_index``."""
+    values = np.unique(values)
+    bad = values[(values >= num_classes) & (values != ignore_index)]
+    if bad.size:
+        raise ValueError(
+            f"{path}: label values {bad.tolist()} are outside [0, {num_classes}) and ignore {ignore_index}. "
+            "Check data.classes (its length sets the number of classes) or the mask files."
+        )
+
+
+def save_labels(path: str | Path, labels: dict[str, np.ndarray], classes: list[str]) -> None:
+    """Write labels as JSON ``{"classes": [...], "labels": {id: [0/1, ...]}}`` atomically."""
+    payload = {
+        "classes": list(classes),
+        "labels": {k: [int(v) for v in labels[k]] for k in sorted(labels)},
+    }
+    atomic_write_text(path, json.dumps(payload, indent=0, separators=(",", ":")) + "\n")
+
+
+def load_labels(path: str | Path, classes: list[str]) -> dict[str, np.ndarray]:
+    """Read a label file written by :func:`save_labels` and check it was made for ``classes``.
+
+    Raises:
+        FileNotFoundError: The file is missing (the message says how to create it).
+        ValueError: The file was made for another class list, or is malformed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"image-level label file not found: {path}. Create it with "
+            f"`python tools/make_cls_labels.py VOC_ROOT --out {path}`."
+        )
+    try:
+        payload = json.loads(path.read_text())
+        stored, raw = payload["classes"], payload["labels"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a wsss label file ({err}); regenerate it with tools/make_cls_labels.py")
+    if list(stored) != list(classes):
+        raise ValueError(
+            f"{path}: made for classes {stored}, but the config has {list(classes)}. "
+            "Regenerate it with tools/make_cls_labels.py --classes, or fix data.classes."
+        )
+    labels = {}
+    for key, vec in raw.items():
+        if len(vec) != len(classes) - 1:
+            raise ValueError(f"{path}: label of '{key}' has {len(vec)} entries, expected {len(classes) - 1}")
+        labels[key] = np.asarray(vec, dtype=np.uint8)
+    return labels

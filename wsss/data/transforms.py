@@ -1,0 +1,106 @@
+"""Image preprocessing: normalisation constants from timm, training augmentation with albumentations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import albumentations as A
+import cv2
+import numpy as np
+import torch
+
+from wsss.config import DataConfig
+
+
+def backbone_mean_std(backbone: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Normalisation mean and std (RGB, 0-1 scale) from the timm pretrained config of ``backbone``.
+
+    The single place preprocessing constants come from (STYLE rule 9).
+    """
+    import timm
+
+    cfg = timm.get_pretrained_cfg(backbone)
+    if cfg is None:
+        raise ValueError(f"timm has no model named '{backbone}'; see timm.list_models()")
+    return tuple(float(m) for m in cfg.mean), tuple(float(s) for s in cfg.std)
+
+
+def normalize(image: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """(H, W, 3) uint8 RGB -> (3, H, W) float32 normalised tensor."""
+    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float().div_(255.0)
+    m = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+    return (x - m) / s
+
+
+def denormalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """(B, 3, H, W) normalised -> (B, 3, H, W) in [0, 1] (the inverse of :func:`normalize`)."""
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    return (x * s + m).clamp_(0.0, 1.0)
+
+
+@dataclass
+class Sample:
+    """One augmented training crop."""
+
+    image: np.ndarray
+    """(crop, crop, 3) float32, normalised; padding is 0."""
+    mask: np.ndarray
+    """(crop, crop) uint8 class indices; padding is the ignore index."""
+    box: np.ndarray
+    """(4,) int64 ``[y0, y1, x0, x1]`` (end exclusive): where the crop holds image pixels."""
+
+
+class TrainAugment:
+    """Training augmentation (DESIGN.md section 3), reproducible per call from an integer seed.
+
+    Order: colour jitter, grayscale and blur on the original image; normalisation; random scale; zero
+    padding to the crop size at a random position; random crop; horizontal flip. The mask follows every
+    geometric step (nearest interpolation, padded with the ignore index). The valid box is tracked as a
+    third target so it is exact after scale, pad, crop and flip.
+    """
+
+    def __init__(self, cfg: DataConfig, mean: tuple[float, ...], std: tuple[float, ...]):
+        crop = cfg.crop_size
+        lo, hi = cfg.scale_range
+        b, c, s, h = cfg.color_jitter
+        self.ignore_index = cfg.ignore_index
+        self.transform = A.Compose(
+            [
+                A.ColorJitter(brightness=b, contrast=c, saturation=s, hue=h, p=cfg.color_jitter_prob),
+                A.ToGray(p=cfg.grayscale_prob),
+                A.GaussianBlur(blur_limit=0, sigma_limit=cfg.blur_sigma, p=cfg.blur_prob),
+                A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
+                A.RandomScale(
+                    scale_limit=(lo - 1.0, hi - 1.0),
+                    interpolation=cv2.INTER_LINEAR,
+                    mask_interpolation=cv2.INTER_NEAREST,
+                    p=1.0,
+                ),
+                A.PadIfNeeded(
+                    min_height=crop,
+                    min_width=crop,
+                    position="random",
+                    border_mode=cv2.BORDER_CONSTANT,
+                    fill=0,
+                    fill_mask=cfg.ignore_index,
+                ),
+                A.RandomCrop(height=crop, width=crop),
+                A.HorizontalFlip(p=cfg.hflip_prob),
+            ],
+            additional_targets={"valid": "mask"},
+        )
+
+    def __call__(self, image: np.ndarray, mask: np.ndarray | None, seed: int) -> Sample:
+        """Augment (H, W, 3) uint8 ``image`` and optional (H, W) ``mask`` with randomness from ``seed``."""
+        if mask is None:
+            mask = np.zeros(image.shape[:2], dtype=np.uint8)
+        # Valid pixels are 1; padding becomes the ignore index like the mask's, so one fill serves both.
+        valid = np.ones(image.shape[:2], dtype=np.uint8)
+        self.transform.set_random_seed(seed)
+        out = self.transform(image=image, mask=mask, valid=valid)
+        rows = np.flatnonzero((out["valid"] == 1).any(axis=1))
+        cols = np.flatnonzero((out["valid"] == 1).any(axis=0))
+        box = np.array([rows[0], rows[-1] + 1, cols[0], cols[-1] + 1], dtype=np.int64)
+        return Sample(image=out["image"].astype(np.float32), mask=out["mask"], box=box)

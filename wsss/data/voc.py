@@ -1,0 +1,197 @@
+"""PASCAL VOC-layout datasets: classification crops for training, full images + masks for evaluation.
+
+Layout (any dataset with its own class list works the same way)::
+
+    ROOT/JPEGImages/<id>.jpg
+    ROOT/<mask_dir>/<id>.png             palette or gray index PNG, 255 = ignore
+    ROOT/ImageSets/Segmentation/<split>.txt
+    ROOT/<label_file>                    written by tools/make_cls_labels.py
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from wsss.config import DataConfig
+from wsss.data.classes import load_classes
+from wsss.data.labels import check_mask_values, load_labels
+from wsss.data.transforms import TrainAugment, normalize
+from wsss.io import read_image, read_mask
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def resolve_split(root: Path, split: str) -> Path:
+    """A split name (``ImageSets/Segmentation/<split>.txt`` under ``root``) or a path to a split file."""
+    path = Path(split)
+    if path.suffix == ".txt" or len(path.parts) > 1:
+        return path if path.is_absolute() or path.is_file() else root / path
+    return root / "ImageSets" / "Segmentation" / f"{split}.txt"
+
+
+def read_split(path: Path) -> list[str]:
+    """Image ids of a split file, one per line (extra columns ignored).
+
+    Raises:
+        FileNotFoundError: The file is missing (the message names it and the config key to fix).
+        ValueError: The file is empty.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"split file not found: {path}. Create it (one image id per line) or set "
+            "data.train_split / data.val_split to an existing split name or file."
+        )
+    ids = [line.split()[0] for line in path.read_text().splitlines() if line.strip()]
+    if not ids:
+        raise ValueError(f"split file {path} lists no image ids")
+    return ids
+
+
+def resolve_root(root: str | Path) -> Path:
+    """Check the dataset root and its ``JPEGImages`` folder exist."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"dataset root not found: {root}. Set data.root to the folder holding JPEGImages/ "
+            "(see data/README.md), or run `python tools/make_toy_voc.py` for the toy dataset."
+        )
+    if not (root / "JPEGImages").is_dir():
+        raise FileNotFoundError(f"{root} has no JPEGImages/ folder; data.root must point at a VOC-layout root")
+    return root
+
+
+class _VOCBase(Dataset):
+    def __init__(self, cfg: DataConfig, split: str):
+        self.cfg = cfg
+        self.root = resolve_root(cfg.root)
+        self.classes = load_classes(self._resolve(cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
+        self.split_file = resolve_split(self.root, split)
+        self.ids = read_split(self.split_file)
+        self._images = {i: self._find_image(i) for i in self.ids}
+        missing = [i for i, path in self._images.items() if path is None]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} id(s) in {self.split_file} have no image in {self.root / 'JPEGImages'} "
+                f"(first: {missing[:3]}). Remove them from the split file or add the images."
+            )
+
+    def _resolve(self, name: str) -> Path:
+        path = Path(name)
+        return path if path.is_absolute() or path.exists() else self.root / path
+
+    def _find_image(self, image_id: str) -> Path | None:
+        for ext in IMAGE_SUFFIXES:
+            path = self.root / "JPEGImages" / f"{image_id}{ext}"
+            if path.is_file():
+                return path
+        return None
+
+    def image_path(self, image_id: str) -> Path:
+        return self._images[image_id]
+
+    def mask_path(self, image_id: str) -> Path:
+        return self.root / self.cfg.mask_dir / f"{image_id}.png"
+
+    def load_mask(self, image_id: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Read and check the mask of ``image_id`` against its image's (H, W) and the class count."""
+        path = self.mask_path(image_id)
+        mask = read_mask(path)
+        if mask.shape != tuple(shape):
+            raise ValueError(
+                f"{path}: mask is {mask.shape[1]}x{mask.shape[0]} but image {self.image_path(image_id)} "
+                f"is {shape[1]}x{shape[0]} (width x height); the mask must match its image."
+            )
+        check_mask_values(mask, len(self.classes), self.cfg.ignore_index, path)
+        return mask
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class VOCClsDataset(_VOCBase):
+    """Training crops with image-level labels.
+
+    Each item is a dict: ``image`` (3, crop, crop) float32 normalised, ``label`` (C-1,) float32 multi-hot,
+    ``box`` (4,) int64 ``[y0, y1, x0, x1]`` valid region, ``id``; with ``with_mask`` also ``mask``
+    (crop, crop) int64 (for scoring pseudo labels; never used as supervision).
+
+    Augmentation is a pure function of ``(seed, epoch, index)``: set :attr:`epoch` each epoch and a
+    resumed run sees exactly the crops an uninterrupted one would.
+    """
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        split: str | None = None,
+        seed: int = 0,
+        with_mask: bool = False,
+    ):
+        super().__init__(cfg, cfg.train_split if split is None else split)
+        self.labels = load_labels(self._resolve(cfg.label_file), self.classes)
+        unlabelled = [i for i in self.ids if i not in self.labels]
+        if unlabelled:
+            raise ValueError(
+                f"{len(unlabelled)} id(s) of {self.split_file} are missing from {cfg.label_file} "
+                f"(first: {unlabelled[:3]}); regenerate it with tools/make_cls_labels.py"
+            )
+        self.augment = TrainAugment(cfg, mean, std)
+        self.seed = seed
+        self.epoch = 0
+        self.with_mask = with_mask
+
+    def __getitem__(self, index: int) -> dict:
+        image_id = self.ids[index]
+        image = read_image(self.image_path(image_id))
+        mask = self.load_mask(image_id, image.shape[:2]) if self.with_mask else None
+        seed = zlib.crc32(f"{self.seed}:{self.epoch}:{index}".encode())
+        sample = self.augment(image, mask, seed)
+        item = {
+            "id": image_id,
+            "image": torch.from_numpy(sample.image).permute(2, 0, 1).contiguous(),
+            "label": torch.from_numpy(self.labels[image_id].astype(np.float32)),
+            "box": torch.from_numpy(sample.box),
+        }
+        if self.with_mask:
+            item["mask"] = torch.from_numpy(sample.mask.astype(np.int64))
+        return item
+
+
+class VOCSegDataset(_VOCBase):
+    """Full-size images with their masks, for evaluation.
+
+    Each item is a dict: ``image`` (3, H, W) float32 normalised, ``raw`` (H, W, 3) uint8 RGB,
+    ``mask`` (H, W) int64, ``id``. Sizes differ between images: use batch size 1 or :func:`collate_list`.
+    """
+
+    def __init__(self, cfg: DataConfig, mean: tuple[float, ...], std: tuple[float, ...], split: str | None = None):
+        super().__init__(cfg, cfg.val_split if split is None else split)
+        self.mean, self.std = mean, std
+        missing = [i for i in self.ids if not self.mask_path(i).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} id(s) in {self.split_file} have no mask in {self.root / self.cfg.mask_dir} "
+                f"(first: {missing[:3]}). Set data.mask_dir to the folder holding the masks."
+            )
+
+    def __getitem__(self, index: int) -> dict:
+        image_id = self.ids[index]
+        raw = read_image(self.image_path(image_id))
+        mask = self.load_mask(image_id, raw.shape[:2])
+        return {
+            "id": image_id,
+            "image": normalize(raw, self.mean, self.std),
+            "raw": raw,
+            "mask": torch.from_numpy(mask.astype(np.int64)),
+        }
+
+
+def collate_list(items: list[dict]) -> dict:
+    """Collate dicts of differently sized items into a dict of lists."""
+    return {key: [item[key] for item in items] for key in items[0]}

@@ -1,0 +1,139 @@
+"""File I/O shared by every stage: atomic writes, robust image reading, mask PNGs.
+
+Everything written goes to a temporary file in the destination folder and is renamed into place, so an
+interrupted run never leaves a half-written output or checkpoint.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+from PIL import Image, ImageOps
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[Any]:
+    """Open a temporary file beside ``path``; on success rename it onto ``path``, on error delete it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to ``path`` atomically."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Read any image as (H, W, 3) uint8 RGB, with its EXIF orientation applied.
+
+    Grayscale, palette, RGBA (composited on black) and 16-bit images are converted.
+
+    Raises:
+        ValueError: The file is missing, not an image, or truncated; the message names the path.
+    """
+    path = Path(path)
+    try:
+        with Image.open(path) as im:
+            im.load()
+            im = ImageOps.exif_transpose(im)
+            return _to_rgb(im)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: file not found") from None
+    except (OSError, SyntaxError, Image.DecompressionBombError) as err:
+        raise ValueError(f"{path}: not a readable image ({err})") from None
+
+
+def _to_rgb(im: Image.Image) -> np.ndarray:
+    if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        arr = np.asarray(im, dtype=np.float64)
+        hi = arr.max()
+        arr = arr / hi * 255.0 if hi > 0 else arr
+        return np.repeat(np.round(arr).astype(np.uint8)[..., None], 3, axis=2)
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        im = im.convert("RGBA")
+        rgb = np.asarray(im, dtype=np.float32)
+        out = rgb[..., :3] * (rgb[..., 3:] / 255.0)
+        return np.round(out).astype(np.uint8)
+    return np.asarray(im.convert("RGB"), dtype=np.uint8).copy()
+
+
+def read_mask(path: str | Path) -> np.ndarray:
+    """Read a label PNG (palette or grayscale index image) as (H, W) uint8 class indices.
+
+    Raises:
+        ValueError: The file is missing, unreadable, or an RGB colour image rather than an index image.
+    """
+    path = Path(path)
+    try:
+        with Image.open(path) as im:
+            im.load()
+            if im.mode not in ("P", "L", "I", "I;16"):
+                raise ValueError(
+                    f"{path}: mask is a {im.mode} image; expected a palette or grayscale PNG of class "
+                    "indices (255 = ignore). Convert colour masks to index masks first."
+                )
+            arr = np.array(im)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: mask file not found") from None
+    except OSError as err:
+        raise ValueError(f"{path}: not a readable mask ({err})") from None
+    if arr.dtype != np.uint8:
+        if arr.max() > 255:
+            raise ValueError(f"{path}: mask values up to {arr.max()} do not fit class indices 0..255")
+        arr = arr.astype(np.uint8)
+    return arr
+
+
+def save_mask(path: str | Path, mask: np.ndarray, palette: np.ndarray | None = None) -> None:
+    """Write (H, W) class indices as an index PNG (with ``palette`` (N, 3) uint8 if given), atomically."""
+    mask = np.ascontiguousarray(mask, dtype=np.uint8)
+    if mask.ndim != 2:
+        raise ValueError(f"{path}: mask must be (H, W), got shape {mask.shape}")
+    im = Image.frombytes("P" if palette is not None else "L", (mask.shape[1], mask.shape[0]), mask.tobytes())
+    if palette is not None:
+        im.putpalette(np.asarray(palette, dtype=np.uint8).reshape(-1).tolist())
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def save_image(path: str | Path, image: np.ndarray, quality: int = 95) -> None:
+    """Write (H, W, 3) uint8 RGB as JPEG or PNG (by extension), atomically."""
+    path = Path(path)
+    fmt = "JPEG" if path.suffix.lower() in (".jpg", ".jpeg") else "PNG"
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format=fmt, quality=quality)
+    atomic_write_bytes(path, buf.getvalue())
