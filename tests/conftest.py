@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wsss.config import Config, from_dict
 from wsss.data.classes import voc_palette
 from wsss.data.labels import labels_from_masks, save_labels
 from wsss.io import save_image, save_mask
@@ -61,3 +62,27 @@ def tiny_voc(tmp_path: Path) -> Path:
     (root / "classes.txt").write_text("\n".join(TINY_CLASSES) + "\n")
     save_labels(root / "cls_labels.json", labels_from_masks(root / "SegmentationClass", 3), TINY_CLASSES)
     return root
+
+
+def tiny_config(root: Path, **train_kw) -> Config:
+    """A 3-block ViT with 8 px patches on 32 px crops: seconds per run on CPU."""
+    return from_dict(
+        Config,
+        {
+            "data": {
+                "root": str(root), "classes": "classes.txt", "train_split": "train", "val_split": "val",
+                "mask_dir": "SegmentationClass", "crop_size": 32, "num_workers": 0,
+            },
+            "model": {
+                "backbone": "vit_tiny_patch16_224", "pretrained": "", "drop_path_rate": 0.1,
+                "backbone_kwargs": {"depth": 3, "embed_dim": 32, "num_heads": 2, "patch_size": 8},
+                "decoder_channels": 16, "decoder_dilation": 2, "aux_layer": -2,
+            },
+            "cam": {"scales": [1.0, 0.5]},
+            "par": {"num_iter": 2, "dilations": [1, 2]},
+            "loss": {"seg_start_iter": 2},
+            "optim": {"lr": 1e-3, "warmup_iters": 2},
+            "train": {"max_iters": 6, "batch_size": 2, "ckpt_interval": 3, "val_interval": 100, "log_interval": 1,
+                      **train_kw},
+        },
+    )  # fmt: skip

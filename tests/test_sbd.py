@@ -37,7 +37,8 @@ def test_convert_merges_and_writes_train_aug(tiny_voc, tmp_path):
     sbd = tmp_path / "benchmark_RELEASE" / "dataset"
     masks = {}
     for i, image_id in enumerate(["s1", "a1", "s2", "b2"]):
-        h, w = (20 + i, 30) if image_id.startswith("s") else read_mask(tiny_voc / "SegmentationClass" / f"{image_id}.png").shape
+        voc_mask = tiny_voc / "SegmentationClass" / f"{image_id}.png"
+        h, w = (20 + i, 30) if image_id.startswith("s") else read_mask(voc_mask).shape
         seg = np.zeros((h, w), np.uint8)
         seg[1:5, 1:6] = i + 1
         masks[image_id] = seg

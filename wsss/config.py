@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import pprint
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -30,7 +30,7 @@ class DataConfig:
     """Dataset layout and training augmentation."""
 
     root: str = "data/VOCdevkit/VOC2012"
-    classes: Union[list[str], str] = field(default_factory=lambda: list(VOC_CLASSES))
+    classes: list[str] | str = field(default_factory=lambda: list(VOC_CLASSES))
     """Class names with background first, or a text file with one name per line."""
     train_split: str = "train_aug"
     """A split name (``ImageSets/Segmentation/<name>.txt`` under root) or a path to a split file."""
@@ -57,7 +57,7 @@ class AttentionConfig:
 
     name: str = "centered"
     """One of ``vanilla``, ``centered``, ``neutreno``, ``gfsa``, ``contranorm``."""
-    blocks: Union[list[int], None] = None
+    blocks: list[int] | None = None
     """Block indices (negative allowed) that get the variant; None means every block."""
     gamma: float = -1.0
     """centered: offset of the attention rows, which sum to 1 + gamma."""
@@ -117,6 +117,8 @@ class LossConfig:
     seg_weight: float = 0.1
     reg_weight: float = 0.05
     seg_start_iter: int = 2000
+    reg_energy_weight: float = 1e-7
+    """Multiplier of the dense energy inside the loss (ToCo); ``reg_weight`` then weights the loss."""
     reg_sigma_rgb: float = 15.0
     reg_sigma_xy: float = 100.0
     reg_scale: float = 0.5
@@ -147,7 +149,7 @@ class TrainConfig:
     log_interval: int = 50
     val_interval: int = 5000
     ckpt_interval: int = 5000
-    val_max_images: Union[int, None] = None
+    val_max_images: int | None = None
 
 
 @dataclass
@@ -252,7 +254,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         else:
             if len(value) != len(args):
                 raise ConfigError(f"config key '{key}': expected {len(args)} values, got {value!r}")
-            items = [_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value))]
+            items = [_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
@@ -298,8 +300,26 @@ def dump_config(cfg: Config, path: str | Path) -> None:
     """Write ``cfg`` as a self-contained Python config file that :func:`load_config` reads back identically."""
     lines = ["# Resolved wsss config: every value explicit, no _base_.\n"]
     for name, value in to_dict(cfg).items():
-        lines.append(f"{name} = {pprint.pformat(value, sort_dicts=False, width=100)}\n")
+        lines.append(f"{name} = {_literal(value)}\n")
     atomic_write_text(path, "".join(lines))
+
+
+def _literal(value: Any, indent: int = 0) -> str:
+    """Python source for a nested value, one dict item per line; non-finite floats as ``float('nan')``."""
+    pad = "    " * (indent + 1)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = "".join(f"{pad}{k!r}: {_literal(v, indent + 1)},\n" for k, v in value.items())
+        return "{\n" + items + "    " * indent + "}"
+    if isinstance(value, (list, tuple)):
+        body = ", ".join(_literal(v, indent + 1) for v in value)
+        if isinstance(value, list):
+            return f"[{body}]"
+        return f"({body},)" if len(value) == 1 else f"({body})"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float('{value}')"
+    return repr(value)
 
 
 def parse_cfg_options(items: list[str] | None) -> dict[str, Any]:

@@ -131,7 +131,9 @@ def load_labels(path: str | Path, classes: list[str]) -> dict[str, np.ndarray]:
         payload = json.loads(path.read_text())
         stored, raw = payload["classes"], payload["labels"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a wsss label file ({err}); regenerate it with tools/make_cls_labels.py")
+        raise ValueError(
+            f"{path}: not a wsss label file ({err}); regenerate it with tools/make_cls_labels.py"
+        ) from None
     if list(stored) != list(classes):
         raise ValueError(
             f"{path}: made for classes {stored}, but the config has {list(classes)}. "

@@ -1,0 +1,71 @@
+"""Score predicted label PNGs against ground-truth label PNGs (mIoU, aAcc, mAcc as mmseg's IoUMetric).
+
+Files are matched by relative path without extension, recursively. Example (VOC val):
+    python tools/eval.py work_dirs/run/pred data/VOC2012/SegmentationClass \\
+        --ids data/VOC2012/ImageSets/Segmentation/val.txt --json work_dirs/run/val_miou.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from wsss.data.classes import VOC_CLASSES, load_classes
+from wsss.evaluation import METRICS, evaluate_folders, format_table, save_metrics_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("pred_dir", type=Path, help="predicted index masks (values 0..C-1)")
+    parser.add_argument("gt_dir", type=Path, help="ground-truth index masks (values 0..C-1, ignore index)")
+    classes = parser.add_mutually_exclusive_group()
+    classes.add_argument("--classes", help="class list file, background first (default: the 21 VOC classes)")
+    classes.add_argument("--num-classes", type=int, help="number of classes, when there are no names")
+    parser.add_argument("--ids", type=Path, help="score only the names listed in this file (e.g. val.txt)")
+    parser.add_argument("--json", type=Path, help="write the metrics here as JSON")
+    parser.add_argument("--ignore-index", type=int, default=255)
+    parser.add_argument(
+        "--reduce-zero-label",
+        action="store_true",
+        help="ground-truth 0 is ignored and other labels decrease by 1 (mmseg); predictions are not changed",
+    )
+    parser.add_argument("--metrics", nargs="+", default=["mIoU"], choices=METRICS)
+    parser.add_argument("--device", default="cpu", help="where to count, e.g. cpu or cuda")
+    parser.add_argument("--workers", type=int, default=4, help="PNG decoding threads")
+    args = parser.parse_args(argv)
+
+    if args.num_classes is not None:
+        names = [str(i) for i in range(args.num_classes)]
+    else:
+        names = load_classes(args.classes) if args.classes else list(VOC_CLASSES)
+    ids = args.ids.read_text().splitlines() if args.ids else None
+    try:
+        result = evaluate_folders(
+            args.pred_dir,
+            args.gt_dir,
+            len(names),
+            class_names=names,
+            ids=ids,
+            ignore_index=args.ignore_index,
+            reduce_zero_label=args.reduce_zero_label,
+            metrics=args.metrics,
+            device=args.device,
+            num_workers=args.workers,
+            progress=True,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(result))
+    print("  ".join(f"{k} {v:.2f}" for k, v in result.summary.items()))
+    if args.json:
+        save_metrics_json(result, args.json, pred_dir=str(args.pred_dir), gt_dir=str(args.gt_dir))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

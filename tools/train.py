@@ -1,0 +1,42 @@
+"""Train a model from a config.
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--cfg-options k=v ...] [--device cpu|cuda]
+
+Several GPUs or nodes: ``torchrun --nproc-per-node N tools/train.py CONFIG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from wsss.config import load_config, parse_cfg_options
+from wsss.train import NonFiniteLossError, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="config file, e.g. configs/voc_centered.py")
+    parser.add_argument("--work-dir", help="output folder (default: work_dir in the config)")
+    parser.add_argument(
+        "--resume", nargs="?", const=True, default=None,
+        help="resume from CKPT, or with no value from the work dir's newest checkpoint",
+    )  # fmt: skip
+    parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    args = parser.parse_args(argv)
+
+    cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
+    try:
+        result = train(cfg, work_dir=args.work_dir, resume=args.resume, device=args.device)
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if result.val is not None:
+        print("final val: " + "  ".join(f"{k} {v:.2f}" for k, v in result.val.metrics.items()))
+    print(f"checkpoint: {result.checkpoint}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
