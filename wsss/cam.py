@@ -1,0 +1,87 @@
+"""Class activation maps: multi-scale, flip-augmented, normalised per image and class.
+
+One function, :func:`multiscale_cam`, serves training (the no-grad CAM pass that feeds the pseudo
+labels), validation and CAM export. :func:`cam_to_label` turns CAMs into a label map with a single
+background threshold (validation and inference of the CAM branch).
+
+Order of operations per scale (as in the ToCo release): resize the image, run it batched with its
+horizontal flip, un-flip, upsample both to the input size, take the elementwise max of the two, ReLU.
+The per-scale maps are summed, then each (image, class) plane is min-max normalised to [0, 1] and the
+planes of absent classes are zeroed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+NORM_EPS = 1e-5
+"""Added to the (max - min) denominator of the per-plane normalisation, as in ToCo."""
+
+
+@torch.no_grad()
+def multiscale_cam(
+    cam_fn: Callable[[Tensor], Tensor],
+    images: Tensor,
+    labels: Tensor,
+    scales: Sequence[float] = (1.0, 0.5, 1.5),
+    flip: bool = True,
+) -> Tensor:
+    """Multi-scale (and flipped) CAMs, min-max normalised per image and class.
+
+    Args:
+        cam_fn: Maps an image batch ``(N, 3, h, w)`` to raw CAMs ``(N, C-1, h', w')`` at any stride
+            (e.g. a model's CAM method). Called as is: the caller chooses train/eval mode.
+        images: Normalised images ``(B, 3, H, W)``.
+        labels: Multi-hot image labels ``(B, C-1)`` (foreground classes only).
+        scales: Image scales; each resized with ``int(s * H), int(s * W)`` (bilinear,
+            ``align_corners=False``).
+        flip: Also run the horizontal flip of every scale and take the max with the un-flipped map.
+
+    Returns:
+        CAMs ``(B, C-1, H, W)`` in ``[0, 1]`` (float32), zero for absent classes. A plane is
+        ``(x - min) / (max - min + 1e-5)`` of the ReLU'd sum over scales.
+    """
+    b, _, h, w = images.shape
+    total = None
+    for s in scales:
+        size = (int(s * h), int(s * w))
+        x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+        if flip:
+            x = torch.cat([x, x.flip(-1)], dim=0)
+        cam = F.interpolate(cam_fn(x).float(), size=(h, w), mode="bilinear", align_corners=False)
+        if flip:
+            cam = torch.maximum(cam[:b], cam[b:].flip(-1))
+        cam = F.relu(cam)
+        total = cam if total is None else total + cam
+    if total is None:
+        raise ValueError("multiscale_cam needs at least one scale")
+    flat = total.flatten(2)
+    low = flat.amin(dim=2, keepdim=True)
+    high = flat.amax(dim=2, keepdim=True)
+    flat = (flat - low) / (high - low + NORM_EPS)
+    return flat.view_as(total) * labels.to(total.dtype)[:, :, None, None]
+
+
+def cam_to_label(cam: Tensor, labels: Tensor, bg_thresh: float) -> Tensor:
+    """Label map from CAMs with a constant background plane.
+
+    Equivalent to the argmax over ``[bg_thresh, cam_1, ..., cam_{C-1}]``: a pixel is background (0)
+    when the largest present-class CAM is ``<= bg_thresh`` (ties go to background), otherwise
+    ``1 + argmax`` over the present classes.
+
+    Args:
+        cam: CAMs ``(B, C-1, H, W)`` in [0, 1].
+        labels: Multi-hot image labels ``(B, C-1)``; absent classes are never predicted.
+        bg_thresh: The background score.
+
+    Returns:
+        Long label map ``(B, H, W)`` with 0 = background and ``k + 1`` for foreground class ``k``.
+    """
+    present = labels.to(torch.bool)[:, :, None, None]
+    masked = cam.masked_fill(~present, float("-inf"))
+    value, index = masked.max(dim=1)
+    return torch.where(value > bg_thresh, index + 1, torch.zeros_like(index))
