@@ -1,0 +1,164 @@
+"""Inference throughput: single scale vs multi-scale + flip vs + dense CRF, and the CRF pool's speed-up.
+
+Writes ``--num`` generated images (the toy generator's scenes, resized to ``--size``, 500x375 by default:
+the VOC shape) to a temporary folder, builds a randomly initialised model from each ``--configs`` file
+(``model.pretrained=""``; the timing depends on the architecture, not the weights), saves it as a checkpoint
+and times :func:`wsss.inference.run_inference` (the loop of ``tools/infer.py``: decoding, model, CRF
+pool, writing the masks) in three modes:
+
+- ``single``: scale 1.0, no flip, no CRF;
+- ``ms+flip``: scales 1.0, 1.25, 1.5 with flips (the paper's inference), no CRF;
+- ``ms+flip+crf``: the same plus the dense CRF in ``--crf-workers`` processes.
+
+images/s = images / the loop's wall time (model loading and CRF worker start-up excluded, as in the
+summary ``tools/infer.py`` prints). Each mode runs ``--repeats`` times (``--overwrite``), the best is kept.
+
+CRF pool: the dense CRF alone (C = number of classes of the first config, probabilities made from the
+toy masks: 0.6 on the true class, the rest spread evenly; 10 iterations) over every image, serially in
+the calling process and in pools of 1..``--max-workers`` processes; speed-up = serial time / pool time.
+
+Usage::
+
+    python bench/bench_inference.py --num 8 --threads 2
+    python bench/bench_inference.py --device cuda --num 64 --batch-size 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from wsss.checkpoint import save_checkpoint
+from wsss.config import Config, CrfConfig, load_config
+from wsss.crf import CrfPool, crf_labels
+from wsss.data.classes import load_classes
+from wsss.data.toy import TOY_CLASSES, generate_sample
+from wsss.data.transforms import backbone_mean_std
+from wsss.inference import InferenceOptions, run_inference
+from wsss.io import save_image
+from wsss.models import build_model
+
+MODES = {
+    "single": dict(scales=(1.0,), flip=False, crf=False),
+    "ms+flip": dict(scales=(1.0, 1.25, 1.5), flip=True, crf=False),
+    "ms+flip+crf": dict(scales=(1.0, 1.25, 1.5), flip=True, crf=True),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", nargs="+", default=["configs/voc_centered.py", "configs/toy_centered.py"])
+    parser.add_argument("--num", type=int, default=8, help="images")
+    parser.add_argument("--size", type=int, nargs=2, default=(500, 375), metavar=("W", "H"))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--crf-workers", type=int, default=2, help="CRF processes in the ms+flip+crf mode")
+    parser.add_argument("--max-workers", type=int, default=2, help="largest CRF pool in the pool benchmark")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--repeats", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def make_images(folder: Path, num: int, size: tuple[int, int], num_classes: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Write ``num`` toy scenes resized to ``size`` (W, H); return (image, CRF probabilities) pairs."""
+    pairs = []
+    for i in range(num):
+        sample = generate_sample(np.random.default_rng((1234, i)))
+        image = cv2.resize(sample.image, size, interpolation=cv2.INTER_LINEAR)
+        mask = cv2.resize(sample.mask, size, interpolation=cv2.INTER_NEAREST)
+        save_image(folder / f"img_{i:04d}.jpg", image, quality=90)
+        mask = np.where(mask == 255, 0, mask) % num_classes
+        probs = np.full((num_classes, *mask.shape), 0.4 / (num_classes - 1), dtype=np.float32)
+        np.put_along_axis(probs, mask[None].astype(np.int64), 0.6, axis=0)
+        pairs.append((image, probs))
+    return pairs
+
+
+def config_classes(cfg: Config) -> list[str]:
+    """The config's class list; a class file missing here (the toy dataset not generated) means the toy's."""
+    if isinstance(cfg.data.classes, list):
+        return load_classes(cfg.data.classes)
+    path = Path(cfg.data.root) / cfg.data.classes
+    return load_classes(path) if path.is_file() else list(TOY_CLASSES)
+
+
+def bench_config(config: str, args: argparse.Namespace, images: Path, work: Path) -> list[tuple[str, float, int]]:
+    cfg = load_config(config, {"model.pretrained": ""})
+    classes = config_classes(cfg)
+    model = build_model(cfg.model, num_classes=len(classes))
+    mean, std = backbone_mean_std(cfg.model.backbone)
+    ckpt = work / f"{Path(config).stem}.pth"
+    save_checkpoint(ckpt, model, cfg, classes, mean, std, step=0)
+    rows = []
+    for mode in args.modes:
+        best = float("inf")
+        for _ in range(args.repeats):
+            opts = InferenceOptions(
+                **MODES[mode], batch_size=args.batch_size, overwrite=True, crf_workers=args.crf_workers, progress=False
+            )
+            summary = run_inference(
+                ckpt, images, work / f"out_{Path(config).stem}_{mode}", options=opts, device=args.device
+            )
+            assert summary.done == args.num and not summary.skipped, summary.format()
+            best = min(best, summary.seconds)
+        rows.append((mode, best, len(classes)))
+        print(f"  {Path(config).name} {mode}: {args.num / best:.3f} images/s ({best:.1f} s)", flush=True)
+    return rows
+
+
+def bench_pool(pairs: list[tuple[np.ndarray, np.ndarray]], max_workers: int) -> list[tuple[str, float]]:
+    cfg = CrfConfig()
+    tic = time.perf_counter()
+    serial = [crf_labels(image, probs, cfg) for image, probs in pairs]
+    rows = [("serial (in process)", time.perf_counter() - tic)]
+    for workers in range(1, max_workers + 1):
+        with CrfPool(cfg, workers=workers) as pool:  # workers start here, outside the timing
+            tic = time.perf_counter()
+            labels = [f.result() for f in [pool.submit(image, probs) for image, probs in pairs]]
+            rows.append((f"pool, {workers} worker{'s' if workers > 1 else ''}", time.perf_counter() - tic))
+        assert all(np.array_equal(a, b) for a, b in zip(serial, labels, strict=True))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"command: python bench/bench_inference.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} torch threads, device {args.device}, load average {os.getloadavg()[0]:.1f}"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench_inference_") as tmp:
+        tmp = Path(tmp)
+        images = tmp / "images"
+        num_classes = len(config_classes(load_config(args.configs[0], {"model.pretrained": ""})))
+        pairs = make_images(images, args.num, tuple(args.size), num_classes)
+        print(f"{args.num} images {args.size[0]}x{args.size[1]}, batch size {args.batch_size}")
+        table = []
+        for config in args.configs:
+            table += [(config, *row) for row in bench_config(config, args, images, tmp)]
+        print("\n| config | mode | images/s | s / image |\n|---|---|---:|---:|")
+        for config, mode, seconds, _ in table:
+            print(f"| {config} | {mode} | {args.num / seconds:.3f} | {seconds / args.num:.2f} |")
+        pool_rows = bench_pool(pairs, args.max_workers)
+        print(f"\nCRF alone, {args.num} images, C = {num_classes}, load average {os.getloadavg()[0]:.1f}")
+        print("| CRF | s | images/s | speed-up |\n|---|---:|---:|---:|")
+        for name, seconds in pool_rows:
+            print(f"| {name} | {seconds:.2f} | {args.num / seconds:.3f} | {pool_rows[0][1] / seconds:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""CAM threshold sweep and pseudo-label scoring against a numpy reference, and tools/eval_cams.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import TINY_CLASSES, tiny_config
+from tools import eval_cams as eval_cams_cli
+from wsss.cam import cam_to_label, multiscale_cam
+from wsss.cam_eval import parse_thresholds, sweep_labels
+from wsss.checkpoint import save_checkpoint
+from wsss.data.transforms import backbone_mean_std
+from wsss.data.voc import VOCSegDataset
+from wsss.io import read_mask
+from wsss.models import build_model, resize_to_image
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_parse_thresholds():
+    assert parse_thresholds("0.3:0.7:0.05") == [0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7]
+    assert parse_thresholds("0.5") == [0.5]
+    assert parse_thresholds("0.6,0.2,0.6") == [0.2, 0.6]
+    for bad in ("0.7:0.3:0.1", "0.3:0.7:0", "a:b:c", "1.5", ""):
+        with pytest.raises(ValueError):
+            parse_thresholds(bad)
+
+
+def test_sweep_equals_cam_to_label():
+    torch.manual_seed(0)
+    cam = torch.rand(2, 4, 9, 11)
+    labels = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    sweep = sweep_labels(cam, labels, [0.1, 0.5, 0.9])
+    for t, got in zip([0.1, 0.5, 0.9], sweep, strict=True):
+        assert torch.equal(got, cam_to_label(cam, labels, t))
+    assert sweep[:, 1].eq(0).all()  # no present class: all background
+
+
+def numpy_miou(pairs: list[tuple[np.ndarray, np.ndarray]], num_classes: int) -> float:
+    """mIoU in percent over (pred, gt) pairs, gt 255 skipped, classes absent from both left out."""
+    inter, union = np.zeros(num_classes), np.zeros(num_classes)
+    for pred, gt in pairs:
+        keep = gt < num_classes
+        p, g = pred[keep], gt[keep]
+        for c in range(num_classes):
+            inter[c] += np.sum((p == c) & (g == c))
+            union[c] += np.sum((p == c) | (g == c))
+    with np.errstate(invalid="ignore"):
+        return float(np.nanmean(inter / union) * 100)
+
+
+@pytest.fixture
+def random_checkpoint(tiny_voc, tmp_path):
+    """A checkpoint of an untrained tiny model whose config names a data root that does not exist."""
+    cfg = tiny_config(tiny_voc)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, root=str(tmp_path / "moved")))
+    torch.manual_seed(3)
+    model = build_model(cfg.model, num_classes=3)
+    mean, std = backbone_mean_std(cfg.model.backbone)
+    path = tmp_path / "ckpt" / "iter_0.pth"
+    path.parent.mkdir()
+    save_checkpoint(path, model, cfg, TINY_CLASSES, mean, std, step=0)
+    return path, model.eval(), tiny_config(tiny_voc), mean, std
+
+
+def test_sweep_and_pseudo_labels_match_reference(tiny_voc, random_checkpoint, tmp_path, capsys):
+    path, model, cfg, mean, std = random_checkpoint
+    out = tmp_path / "eval"
+    args = [str(path), "--split", "train", "--bg-thresholds", "0.1:0.9:0.2", "--pseudo", "--save-pseudo",
+            "--save-cams", "--out", str(out), "--data-root", str(tiny_voc), "--no-progress"]  # fmt: skip
+    assert eval_cams_cli.main(args) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "cam_eval.json").read_text())
+
+    # reference: the same CAMs, labels and thresholds, scored with numpy
+    dataset = VOCSegDataset(cfg.data, mean, std, split="train")
+    thresholds = [0.1, 0.3, 0.5, 0.7, 0.9]
+    per_t = {t: [] for t in thresholds}
+    with torch.no_grad():
+        for item in dataset:
+            gt = item["mask"].numpy()
+            present = [c for c in (1, 2) if (gt == c).any()]
+            labels = torch.tensor([[float(c in present) for c in (1, 2)]])
+            cam = multiscale_cam(
+                lambda x: resize_to_image(model.cam(x), x.shape[-2:], model.stride), item["image"][None], labels,
+                cfg.cam.scales,
+            )  # fmt: skip
+            saved = np.load(out / "cams" / f"{item['id']}.npy")
+            assert saved.dtype == np.float16 and saved.shape == (2, *gt.shape)
+            np.testing.assert_allclose(saved, cam[0].numpy(), atol=1e-3)
+            for t in thresholds:
+                per_t[t].append((cam_to_label(cam, labels, t)[0].numpy(), gt))
+    sweep = {row["bg_thresh"]: row["mIoU"] for row in report["cam_sweep"]}
+    assert sorted(sweep) == thresholds
+    for t in thresholds:
+        assert sweep[t] == pytest.approx(numpy_miou(per_t[t], 3), abs=0.01), t
+    assert len(set(sweep.values())) > 1  # the sweep is not flat, so picking the best means something
+    best = max(thresholds, key=lambda t: (sweep[t], -t))
+    assert report["best"]["bg_thresh"] == best and report["best"]["mIoU"] == sweep[best]
+    assert f"best CAM background threshold: {best:g}" in printed
+
+    # pseudo labels: uncertain (255) pixels are excluded from scoring and their share is reported
+    pairs, ignored, scored = [], 0, 0
+    for image_id in dataset.ids:
+        gt = read_mask(tiny_voc / "SegmentationClass" / f"{image_id}.png")
+        pseudo = read_mask(out / "pseudo" / f"{image_id}.png")
+        assert set(np.unique(pseudo)) <= {0, 1, 2, 255}
+        valid = gt < 3
+        ignored += int(((pseudo == 255) & valid).sum())
+        scored += int(valid.sum())
+        pairs.append((pseudo, np.where(pseudo == 255, 255, gt)))
+    assert report["pseudo"]["ignored_fraction"] == pytest.approx(ignored / scored)
+    assert report["pseudo"]["mIoU"] == pytest.approx(numpy_miou(pairs, 3), abs=0.01)
+    assert report["num_images"] == 3 and report["classifier"] == "final" and report["split"] == "train"
+
+
+def test_aux_classifier_and_errors(tiny_voc, random_checkpoint, tmp_path, capsys):
+    path, *_ = random_checkpoint
+    common = ["--bg-thresholds", "0.5", "--data-root", str(tiny_voc), "--no-progress"]
+    assert eval_cams_cli.main([str(path), *common]) == 0
+    assert eval_cams_cli.main([str(path), "--aux", *common]) == 0
+    final = json.loads((path.parent / "cam_eval_train" / "cam_eval.json").read_text())
+    aux = json.loads((path.parent / "cam_eval_train_aux" / "cam_eval.json").read_text())
+    assert aux["classifier"] == "aux" and final["classifier"] == "final"
+    assert aux["cam_sweep"][0]["mIoU"] != final["cam_sweep"][0]["mIoU"]
+    assert "pseudo" not in final
+    capsys.readouterr()
+    assert eval_cams_cli.main([str(path), "--no-progress"]) == 2  # the config's root does not exist
+    assert "dataset root not found" in capsys.readouterr().err
+    assert eval_cams_cli.main([str(path), "--bg-thresholds", "0.9:0.1:0.1", *common[2:]]) == 2

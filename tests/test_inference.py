@@ -1,0 +1,310 @@
+"""Inference: TTA against hand-written loops, batching, and tools/infer.py end to end on a trained tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from tests.conftest import tiny_config
+from tools import eval as eval_cli
+from tools import infer as infer_cli
+from wsss.cam import multiscale_cam
+from wsss.data.labels import labels_from_masks, save_labels
+from wsss.data.toy import TOY_CLASSES, make_toy_voc
+from wsss.inference import (
+    InferenceOptions,
+    SizeBuckets,
+    list_split,
+    predict_logits,
+    run_inference,
+    safe_relative,
+    tta_forward,
+    write_gallery,
+)
+from wsss.io import read_mask
+from wsss.models import ModelOutput, build_model, resize_to_image
+from wsss.train import train
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: the CPU is shared, and oversubscribed OpenMP threads make tiny ops 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model(seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(tiny_config(Path("unused")).model, num_classes=3).eval()
+
+
+def hand_tta(model, image, scales, flip):
+    """The reference: every scale and flip run on its own, no batching."""
+    h, w = image.shape[-2:]
+    best = None
+    for s in scales:
+        size = (int(s * h), int(s * w))
+        x = F.interpolate(image, size=size, mode="bilinear", align_corners=False) if size != (h, w) else image
+        views = [x, x.flip(-1)] if flip else [x]
+        total = 0
+        for k, view in enumerate(views):
+            seg = resize_to_image(model(view).seg, size, model.stride)
+            if size != (h, w):
+                seg = F.interpolate(seg, size=(h, w), mode="bilinear", align_corners=False)
+            total = total + (seg.flip(-1) if k == 1 else seg)
+        best = total if best is None else torch.maximum(best, total)
+    return best
+
+
+@torch.no_grad()
+def test_predict_logits_matches_hand_loop():
+    model = tiny_model()
+    image = torch.randn(1, 3, 37, 45)  # not multiples of the 8 px patch
+    for scales, flip in [((1.0, 0.75, 1.5), True), ((1.25,), False), ((0.5, 1.0), True)]:
+        got = predict_logits(model, image, scales, flip)
+        assert got.shape == (1, 3, 37, 45)
+        torch.testing.assert_close(got, hand_tta(model, image, scales, flip), atol=1e-5, rtol=1e-5)
+    # max over scales is not a no-op here
+    assert not torch.allclose(predict_logits(model, image, (1.0,), True), predict_logits(model, image, (1.0, 1.5)))
+
+
+class RampModel(torch.nn.Module):
+    """seg = 4x4 average pooling of the image + a column ramp: not flip-symmetric, stride 4."""
+
+    stride = 4
+
+    def forward(self, x):
+        pooled = F.avg_pool2d(x, 4, ceil_mode=True)
+        ramp = torch.arange(pooled.shape[-1], dtype=x.dtype).expand_as(pooled)
+        zeros = x.new_zeros(x.shape[0], 2)
+        return ModelOutput(logits=zeros, aux_logits=zeros, seg=pooled + ramp, features=x, aux_features=x)
+
+
+def test_flip_is_undone():
+    image = torch.rand(2, 3, 24, 32)
+    pooled = F.avg_pool2d(image, 4)
+    w = pooled.shape[-1]
+    got = predict_logits(RampModel(), image, scales=(1.0,), flip=True)
+    # model(x) + unflip(model(flip(x))) = 2 * pool(x) + ramp + reversed ramp = 2 * pool(x) + (w - 1)
+    torch.testing.assert_close(got, resize_to_image(2 * pooled + (w - 1), (24, 32), 4), atol=1e-5, rtol=0)
+    forgot_unflip = resize_to_image(pooled + F.avg_pool2d(image.flip(-1), 4) + 2 * torch.arange(w), (24, 32), 4)
+    assert (got - forgot_unflip).abs().max() > 1.0
+    no_flip = predict_logits(RampModel(), image, scales=(1.0,), flip=False)
+    torch.testing.assert_close(no_flip, resize_to_image(pooled + torch.arange(w), (24, 32), 4))
+
+
+@torch.no_grad()
+def test_tta_cams_equal_multiscale_cam_and_batching_is_exact():
+    model = tiny_model(1)
+    images = torch.randn(3, 3, 29, 40)
+    labels = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    out = tta_forward(model, images, (1.0, 0.5, 1.5), True, cams=True)
+
+    def cam_fn(x):
+        return resize_to_image(model.cam(x), x.shape[-2:], model.stride)
+
+    reference = multiscale_cam(cam_fn, images, labels, (1.0, 0.5, 1.5))
+    torch.testing.assert_close(out.cam * labels[:, :, None, None], reference, atol=1e-5, rtol=1e-5)
+    for i in range(3):  # a batch of three gives each image's own result
+        single = tta_forward(model, images[i : i + 1], (1.0, 0.5, 1.5), True, cams=True)
+        torch.testing.assert_close(single.seg, out.seg[i : i + 1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(single.cls_logits, out.cls_logits[i : i + 1], atol=1e-5, rtol=1e-5)
+
+
+def test_size_buckets():
+    b = SizeBuckets(batch_size=2, window=2)  # at most 4 waiting
+    assert b.add("a", (1, 1)) == []
+    assert b.add("b", (2, 2)) == []
+    assert b.add("c", (1, 1)) == [["a", "c"]]
+    assert b.add("d", (3, 3)) == []
+    assert b.add("e", (4, 4)) == []
+    assert b.add("f", (5, 5)) == []  # four waiting: b, d, e, f
+    assert b.add("g", (6, 6)) == [["b"]]  # five: the oldest bucket goes
+    assert b.flush() == [["d"], ["e"], ["f"], ["g"]]
+    assert b.flush() == []
+    one = SizeBuckets(batch_size=1)
+    assert one.add("x", (1, 1)) == [["x"]]
+    with pytest.raises(ValueError):
+        SizeBuckets(0)
+
+
+def test_safe_relative():
+    assert safe_relative("2007_000033") == "2007_000033"
+    assert safe_relative("sub/./x") == "sub/x"
+    for bad in ("../../etc/x", "/etc/passwd", "a/../../b", "", "..", "C:/x", "\\\\server\\x", "a\0b"):
+        assert safe_relative(bad) is None, bad
+
+
+def test_gallery_escapes_names(tmp_path):
+    rel = 'we"ird <b>&name #1.jpg'
+    path = write_gallery(tmp_path, [rel], {rel: {"cam_classes": ["<cat>"], "top1_fallback": True}})
+    page = path.read_text()
+    assert "<b>" not in page and "<cat>" not in page
+    assert "we&quot;ird &lt;b&gt;&amp;name #1.jpg" in page and "&lt;cat&gt; (top-1)" in page
+    assert 'src="thumbs/we%22ird%20%3Cb%3E%26name%20%231.jpg"' in page
+    assert str(tmp_path) not in page  # relative links only
+
+
+# ---------------------------------------------------------------------------------------------------------
+# End to end on a trained tiny model
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The toy dataset (6 images) and a tiny ViT trained on it for 4 iterations: (root, checkpoint)."""
+    base = tmp_path_factory.mktemp("infer")
+    root = make_toy_voc(base / "toy", num_train=4, num_val=2)
+    labels = labels_from_masks(root / "SegmentationClass", len(TOY_CLASSES))
+    save_labels(root / "cls_labels.json", labels, list(TOY_CLASSES))
+    cfg = tiny_config(root, max_iters=4, ckpt_interval=4, val_max_images=1)
+    result = train(cfg, work_dir=base / "work", device="cpu")
+    return root, result.checkpoint
+
+
+def make_input(root: Path, folder: Path) -> dict[str, str]:
+    """A nested input folder (copies of toy images), a corrupt file and a text file: {rel: toy id}."""
+    layout = {"a/x.jpg": "val_00000", "a/b/y.jpg": "val_00001", "z.jpg": "train_00000"}
+    for rel, image_id in layout.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / "JPEGImages" / f"{image_id}.jpg", folder / rel)
+    (folder / "bad.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
+    (folder / "notes.txt").write_text("not an image\n")
+    return layout
+
+
+def test_cli_end_to_end(trained, tmp_path, capsys):
+    root, ckpt = trained
+    inp, out, gt = tmp_path / "in", tmp_path / "out", tmp_path / "gt"
+    layout = make_input(root, inp)
+    args = [str(ckpt), str(inp), str(out), "--scales", "1.0", "0.75", "--flip", "--crf", "--overlay", "--cams",
+            "--logits", "--gallery", "--no-progress", "--crf-workers", "2"]  # fmt: skip
+    assert infer_cli.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "done 3 images" in printed and "images/s" in printed
+    assert "bad.jpg: unreadable image" in printed and "notes.txt: not an image file" in printed
+
+    num_classes = len(TOY_CLASSES)
+    for rel, image_id in layout.items():
+        stem = rel[: -len(".jpg")]
+        image = Image.open(inp / rel)
+        with Image.open(out / "masks" / f"{stem}.png") as m:
+            assert m.mode == "P" and m.size == image.size
+        mask = read_mask(out / "masks" / f"{stem}.png")
+        assert mask.max() < num_classes
+        for kind in ("overlays", "cams", "thumbs"):
+            assert (out / kind / f"{stem}.jpg").is_file()
+        logits = np.load(out / "logits" / f"{stem}.npy")
+        w, h = image.size
+        assert logits.dtype == np.float16 and logits.shape == (num_classes, -(-h // 4), -(-w // 4))
+        (gt / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / "SegmentationClass" / f"{image_id}.png", gt / f"{stem}.png")
+    assert not (out / "masks" / "bad.png").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["done"] == 3 and {s["path"] for s in summary["skipped"]} == {"bad.jpg", "notes.txt"}
+    labels = json.loads((out / "image_labels.json").read_text())
+    assert set(labels["images"]) == set(layout) and all(v["cam_classes"] for v in labels["images"].values())
+    page = (out / "index.html").read_text()
+    assert 'src="overlays/a/b/y.jpg"' in page and 'src="cams/z.jpg"' in page and str(tmp_path) not in page
+
+    # the masks score with tools/eval.py against the mirrored ground truth
+    assert eval_cli.main([str(out / "masks"), str(gt), "--classes", str(root / "classes.txt")]) == 0
+    assert "mIoU" in capsys.readouterr().out
+
+    # a re-run skips every image (outputs untouched); --overwrite redoes them
+    stats = {p: p.stat() for p in out.rglob("*") if p.is_file() and p.parent != out}
+    assert infer_cli.main(args) == 0
+    rerun = json.loads((out / "summary.json").read_text())
+    assert rerun["done"] == 0 and rerun["existing"] == 3
+    for p, st in stats.items():
+        assert (p.stat().st_mtime_ns, p.stat().st_ino) == (st.st_mtime_ns, st.st_ino), p
+    assert infer_cli.main([*args, "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["done"] == 3
+    mask_file = out / "masks" / "z.png"
+    assert mask_file.stat().st_ino != stats[mask_file].st_ino  # rewritten (atomically, a new file)
+
+
+def test_batching_and_crf_change_nothing_unexpected(trained, tmp_path):
+    """Batch size 3 on same-size and odd-size images gives the logits of batch size 1; CRF changes masks only."""
+    root, ckpt = trained
+    inp = tmp_path / "in"
+    inp.mkdir()
+    for i in range(3):  # three images of one size, two of other sizes
+        shutil.copy(root / "JPEGImages" / "train_00001.jpg", inp / f"same{i}.jpg")
+    shutil.copy(root / "JPEGImages" / "train_00002.jpg", inp / "other1.jpg")
+    shutil.copy(root / "JPEGImages" / "train_00003.jpg", inp / "other2.jpg")
+    runs = {}
+    for name, batch, crf in (("b1", 1, False), ("b3", 3, False), ("crf", 3, True)):
+        opts = InferenceOptions(scales=(1.0, 0.75), flip=True, logits=True, batch_size=batch, crf=crf,
+                                crf_workers=1, progress=False, num_workers=0)  # fmt: skip
+        summary = run_inference(ckpt, inp, tmp_path / name, options=opts)
+        assert summary.done == 5 and not summary.skipped
+        runs[name] = tmp_path / name
+    for rel in ("same0", "same1", "same2", "other1", "other2"):
+        a = np.load(runs["b1"] / "logits" / f"{rel}.npy").astype(np.float32)
+        b = np.load(runs["b3"] / "logits" / f"{rel}.npy").astype(np.float32)
+        np.testing.assert_allclose(a, b, atol=2e-2, rtol=1e-2)
+        np.testing.assert_array_equal(a, np.load(runs["crf"] / "logits" / f"{rel}.npy").astype(np.float32))
+        plain = read_mask(runs["b1"] / "masks" / f"{rel}.png")
+        assert plain.shape == read_mask(runs["crf"] / "masks" / f"{rel}.png").shape
+    changed = sum((read_mask(runs["b1"] / "masks" / f"{r}.png") != read_mask(runs["crf"] / "masks" / f"{r}.png")).any()
+                  for r in ("same0", "other1", "other2"))  # fmt: skip
+    assert changed >= 1  # the CRF does change the masks
+
+
+def test_paths_cannot_escape(trained, tmp_path):
+    root, ckpt = trained
+    inp, out, outside = tmp_path / "in", tmp_path / "out", tmp_path / "outside"
+    (inp / "sub").mkdir(parents=True)
+    outside.mkdir()
+    shutil.copy(root / "JPEGImages" / "val_00000.jpg", inp / "ok.jpg")
+    shutil.copy(root / "JPEGImages" / "val_00001.jpg", inp / "sub" / "deep.jpg")
+    shutil.copy(root / "JPEGImages" / "val_00001.jpg", outside / "secret.jpg")
+    os.symlink(outside / "secret.jpg", inp / "link_out.jpg")
+    os.symlink(inp / "ok.jpg", inp / "link_in.jpg")
+    os.symlink(outside, inp / "linked_dir")  # a symlinked folder is not entered
+    (out / "masks").mkdir(parents=True)
+    os.symlink(outside, out / "masks" / "sub")  # an output folder pointing outside OUTPUT
+    before = sorted(p.name for p in outside.iterdir())
+
+    summary = run_inference(ckpt, inp, out, options=InferenceOptions(scales=(1.0,), flip=False, progress=False))
+    reasons = {s.path: s.reason for s in summary.skipped}
+    assert "resolves outside the input folder" in reasons["link_out.jpg"]
+    assert "resolves outside the output folder" in reasons["sub/deep.jpg"]
+    assert summary.done == 2 and (out / "masks" / "ok.png").is_file() and (out / "masks" / "link_in.png").is_file()
+    assert sorted(p.name for p in outside.iterdir()) == before  # nothing written outside
+
+    # the output folder inside the input folder is never read back as input
+    nested = run_inference(ckpt, inp, inp / "pred", options=InferenceOptions(scales=(1.0,), flip=False, progress=False))
+    again = run_inference(ckpt, inp, inp / "pred", options=InferenceOptions(scales=(1.0,), flip=False, progress=False))
+    assert nested.done == 3 and again.done == 0 and again.existing == 3  # ok, link_in, sub/deep
+    with pytest.raises(ValueError, match="must differ"):
+        run_inference(ckpt, inp, inp)
+
+
+def test_voc_root_with_split(trained, tmp_path, capsys):
+    root, ckpt = trained
+    split = tmp_path / "ids.txt"
+    split.write_text("val_00000\n../../etc/x\n/etc/passwd\nmissing_id\nval_00001\n")
+    sources, skipped = list_split(root, str(split))
+    assert [s.rel for s in sources] == ["val_00000.jpg", "val_00001.jpg"]
+    assert {s.path for s in skipped} == {"../../etc/x", "/etc/passwd", "missing_id"}
+    out = tmp_path / "out"
+    assert infer_cli.main([str(ckpt), str(root), str(out), "--split", str(split), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "../../etc/x: unsafe id" in printed and "missing_id: no image" in printed
+    assert sorted(p.name for p in (out / "masks").iterdir()) == ["val_00000.png", "val_00001.png"]
+    # a split name under ImageSets/Segmentation, and the default output folder INPUT_pred
+    assert infer_cli.main([str(ckpt), str(root), "--split", "val", "--no-progress"]) == 0
+    default = root.with_name(root.name + "_pred")
+    assert sorted(p.name for p in (default / "masks").iterdir()) == ["val_00000.png", "val_00001.png"]
+    assert infer_cli.main([str(ckpt), str(tmp_path / "nope"), "--no-progress"]) == 2

@@ -1,0 +1,75 @@
+"""Predict segmentation masks for a folder of images (recursive) or a VOC split, from a checkpoint alone.
+
+    python tools/infer.py CHECKPOINT INPUT [OUTPUT] [--scales 1.0 1.25 1.5] [--flip/--no-flip] [--crf]
+        [--overlay] [--cams] [--logits] [--gallery] [--split FILE] [--batch-size N] [--device cuda|cpu]
+        [--overwrite]
+
+INPUT is a folder (every image under it) or, with --split NAME|FILE, a VOC-layout root whose JPEGImages
+holds the split's images. OUTPUT defaults to INPUT_pred beside INPUT. Outputs mirror the input's relative
+paths: masks/ (palette PNG, class indices), overlays/, cams/ (JPEG), logits/ (float16 .npy at 1/4 size),
+index.html (--gallery); see wsss/inference.py for the layout. Re-running skips images whose outputs all
+exist (--overwrite redoes them). Unreadable files and unsafe paths are skipped and listed in the summary;
+the exit status is still 0 (1 when no image could be processed). Scales, flip and CRF constants default
+to the checkpoint's config (infer.*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from wsss.inference import InferenceOptions, run_inference
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("input", type=Path, help="image folder, or a VOC root with --split")
+    parser.add_argument("output", type=Path, nargs="?", help="output folder (default: INPUT_pred)")
+    parser.add_argument("--split", help="split name (ImageSets/Segmentation/NAME.txt) or split file")
+    parser.add_argument("--scales", type=float, nargs="+", help="TTA scales (default: the checkpoint's)")
+    parser.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None, help="flip TTA")
+    parser.add_argument("--crf", action="store_true", help="dense CRF post-processing (pydensecrf2)")
+    parser.add_argument("--crf-workers", type=int, help="CRF processes (default: infer.crf.workers)")
+    parser.add_argument("--overlay", action="store_true", help="write mask overlays (JPEG)")
+    parser.add_argument("--cams", action="store_true", help="write CAM heatmaps of the predicted classes")
+    parser.add_argument("--logits", action="store_true", help="write 1/4-size float16 logits (.npy)")
+    parser.add_argument("--gallery", action="store_true", help="write index.html (implies --overlay --cams)")
+    parser.add_argument("--batch-size", type=int, default=1, help="same-size images per forward batch")
+    parser.add_argument("--workers", type=int, default=2, help="image decoding processes")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy machine)")
+    parser.add_argument("--overwrite", action="store_true", help="redo images whose outputs exist")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = InferenceOptions(
+        scales=args.scales,
+        flip=args.flip,
+        crf=args.crf,
+        overlay=args.overlay,
+        cams=args.cams,
+        logits=args.logits,
+        gallery=args.gallery,
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
+        num_workers=args.workers,
+        crf_workers=args.crf_workers,
+        progress=not args.no_progress,
+    )
+    try:
+        summary = run_inference(args.checkpoint, args.input, args.output, args.split, options, args.device)
+    except (FileNotFoundError, ValueError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(summary.format())
+    return 1 if summary.skipped and not (summary.done or summary.existing) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

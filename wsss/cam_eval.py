@@ -1,0 +1,305 @@
+"""CAM and pseudo-label quality on a labelled split (the paper's Tables 3-4).
+
+As in the WSSS literature, the image-level labels come from the ground-truth masks of the split (the
+foreground classes present), so the scores measure localisation, not classification:
+
+- CAM mIoU: multi-scale flipped CAMs (:func:`wsss.cam.multiscale_cam` at ``cfg.cam.scales``) of the final
+  or the auxiliary classifier, turned into label maps with a constant background score ``t``
+  (:func:`wsss.cam.cam_to_label`) for every ``t`` of a sweep; one confusion matrix per threshold.
+- Pseudo-label mIoU: dual threshold (``cfg.cam.fg_thresh`` / ``bg_thresh``) + PAR refinement
+  (:func:`wsss.pseudo_label.pseudo_labels`, as during training, on the full image). Pixels the pseudo
+  label marks uncertain (``ignore_index``) are excluded from scoring, as they are from the training loss;
+  the fraction they make of the scored pixels (ground truth in [0, C)) is reported beside the mIoU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
+
+from wsss.cam import multiscale_cam
+from wsss.checkpoint import config_from_checkpoint, model_from_checkpoint
+from wsss.config import Config
+from wsss.data.classes import voc_palette
+from wsss.data.transforms import denormalize
+from wsss.data.voc import VOCSegDataset, collate_list
+from wsss.evaluation import ConfusionMatrix, SegMetrics, format_table
+from wsss.io import atomic_write_bytes, atomic_write_text, save_mask
+from wsss.models.segmentor import WSSSModel, resize_to_image
+from wsss.par import PAR
+from wsss.pseudo_label import pseudo_labels
+from wsss.validate import labels_from_mask
+
+__all__ = ["CamEvalResult", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
+
+
+def parse_thresholds(spec: str) -> list[float]:
+    """``"0.3:0.7:0.05"`` (start:stop:step, stop included) or ``"0.3,0.5"`` -> sorted thresholds.
+
+    Raises:
+        ValueError: A malformed spec, a non-positive step, or a value outside [0, 1].
+    """
+    try:
+        if ":" in spec:
+            start, stop, step = (float(v) for v in spec.split(":"))
+            if step <= 0 or stop < start:
+                raise ValueError
+            count = math.floor((stop - start) / step + 1e-9) + 1
+            values = [round(start + i * step, 10) for i in range(count)]
+        else:
+            values = [float(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(
+            f"bad threshold spec {spec!r}: use start:stop:step (e.g. 0.3:0.7:0.05) or a list (0.3,0.5)"
+        ) from None
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"thresholds must lie in [0, 1], got {values}")
+    return sorted(set(values))
+
+
+def sweep_labels(cam: Tensor, labels: Tensor, thresholds: Sequence[float]) -> Tensor:
+    """:func:`wsss.cam.cam_to_label` for several background thresholds at the cost of one max.
+
+    Args:
+        cam: (B, C-1, H, W) CAMs in [0, 1].
+        labels: (B, C-1) multi-hot image labels.
+        thresholds: T background scores.
+
+    Returns:
+        (T, B, H, W) long label maps.
+    """
+    masked = cam.masked_fill(~labels.to(torch.bool)[:, :, None, None], float("-inf"))
+    value, index = masked.max(dim=1)
+    fg = index + 1
+    return torch.stack([torch.where(value > t, fg, torch.zeros_like(fg)) for t in thresholds])
+
+
+@dataclass
+class CamEvalResult:
+    """Scores of :func:`evaluate_cams` (percent).
+
+    Attributes:
+        thresholds: The background thresholds swept.
+        cam: Threshold -> metrics of the CAM label maps.
+        num_images: Images scored.
+        pseudo: Metrics of the pseudo labels (uncertain pixels excluded), or None.
+        pseudo_ignored_fraction: Fraction of the scored pixels (gt in [0, C)) the pseudo labels ignore.
+        info: What was evaluated (split, classifier, scales, ...), copied into the JSON.
+    """
+
+    thresholds: list[float]
+    cam: dict[float, SegMetrics]
+    num_images: int
+    pseudo: SegMetrics | None = None
+    pseudo_ignored_fraction: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best_threshold(self) -> float:
+        """The threshold with the highest CAM mIoU (the lowest one on ties)."""
+        return max(self.thresholds, key=lambda t: (self.cam[t]["mIoU"], -t))
+
+    @property
+    def best_miou(self) -> float:
+        return self.cam[self.best_threshold]["mIoU"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the sweep (summary per threshold), the best threshold with its per-class table, pseudo."""
+        best = self.best_threshold
+        out: dict[str, Any] = {
+            **self.info,
+            "num_images": self.num_images,
+            "cam_sweep": [{"bg_thresh": t, **self.cam[t].summary} for t in self.thresholds],
+            "best": {"bg_thresh": best, **self.cam[best].to_dict()},
+        }
+        if self.pseudo is not None:
+            out["pseudo"] = {**self.pseudo.to_dict(), "ignored_fraction": self.pseudo_ignored_fraction}
+        return out
+
+    def format(self) -> str:
+        """The sweep as a table, the best threshold's per-class table, and the pseudo-label scores."""
+        rows = [f"| {t:9.3f} | {self.cam[t]['mIoU']:6.2f} | {self.cam[t]['aAcc']:6.2f} | "
+                f"{self.cam[t]['mAcc']:6.2f} |" for t in self.thresholds]  # fmt: skip
+        rule = "+-----------+--------+--------+--------+"
+        title = (
+            f"CAM mIoU per background threshold: {self.info.get('classifier', 'final')} classifier, scales "
+            f"{tuple(self.info.get('scales', ()))} with flips, {self.num_images} images of split "
+            f"{self.info.get('split', '?')}, image-level labels from the ground-truth masks"
+        )
+        lines = [title, rule, "| bg thresh |   mIoU |   aAcc |   mAcc |", rule, *rows, rule]
+        best = self.best_threshold
+        lines.append(f"best CAM background threshold: {best:g} (mIoU {self.best_miou:.2f})")
+        lines.append(format_table(self.cam[best], title=f"CAM at bg threshold {best:g}"))
+        if self.pseudo is not None:
+            lines.append(
+                format_table(
+                    self.pseudo,
+                    title=f"pseudo labels: mIoU {self.pseudo['mIoU']:.2f} with "
+                    f"{100 * self.pseudo_ignored_fraction:.2f} % of the scored pixels ignored (not scored)",
+                )
+            )
+        return "\n".join(lines)
+
+
+def _safe_file(folder: Path, name: str, suffix: str) -> Path:
+    path = folder / f"{name}{suffix}"
+    if ".." in Path(name).parts or Path(name).is_absolute():
+        raise ValueError(f"refusing to write {path}: the id {name!r} leaves {folder}")
+    if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder)):
+        raise ValueError(f"refusing to write {path}: it resolves outside {folder}")
+    return path
+
+
+@torch.no_grad()
+def evaluate_cams(
+    model: WSSSModel,
+    dataset: VOCSegDataset,
+    cfg: Config,
+    thresholds: Sequence[float],
+    device: str | torch.device = "cpu",
+    aux: bool = False,
+    pseudo: bool = False,
+    cam_dir: str | Path | None = None,
+    pseudo_dir: str | Path | None = None,
+    max_images: int | None = None,
+    progress: bool = True,
+) -> CamEvalResult:
+    """Score CAMs over a background-threshold sweep (and optionally pseudo labels) on ``dataset``.
+
+    Args:
+        model: The model, in eval mode.
+        dataset: Full images with masks; image-level labels are taken from the masks.
+        cfg: ``cam.scales`` for the CAMs; ``cam.fg_thresh``, ``cam.bg_thresh``, ``par.*`` and
+            ``data.ignore_index`` for the pseudo labels.
+        thresholds: Background thresholds to sweep.
+        device: Where the model and the counting run.
+        aux: Score the auxiliary classifier's CAMs instead of the final one's.
+        pseudo: Also score the pseudo labels made from these CAMs.
+        cam_dir: Save every CAM as ``<id>.npy``, (C-1, H, W) float16 in [0, 1] (zero for absent classes).
+        pseudo_dir: Save every pseudo label as ``<id>.png`` (VOC palette, ``ignore_index`` = uncertain).
+        max_images: Score only the first images.
+        progress: Show a progress bar.
+    """
+    device = torch.device(device)
+    num_classes = len(dataset.classes)
+    ignore = cfg.data.ignore_index
+    thresholds = list(thresholds)
+    if not thresholds:
+        raise ValueError("need at least one background threshold")
+    cams_cm = [ConfusionMatrix(num_classes, ignore, device=device) for _ in thresholds]
+    pseudo_cm = ConfusionMatrix(num_classes, ignore, device=device)
+    par = PAR(cfg.par.dilations, cfg.par.num_iter, cfg.par.w1, cfg.par.w2).to(device)
+    pseudo = pseudo or pseudo_dir is not None
+    ignored = scored = 0
+    total = len(dataset) if max_images is None else min(max_images, len(dataset))
+    loader = DataLoader(
+        Subset(dataset, range(total)), batch_size=1, num_workers=cfg.data.num_workers, collate_fn=collate_list
+    )
+    palette = voc_palette()
+
+    def cam_fn(x: Tensor) -> Tensor:
+        return resize_to_image(model.cam(x, aux=aux), x.shape[-2:], model.stride)
+
+    for batch in tqdm(loader, total=total, desc="cam eval", unit="img", disable=not progress, dynamic_ncols=True):
+        image_id = batch["id"][0]
+        image = batch["image"][0][None].to(device)
+        gt = batch["mask"][0].to(device)[None]
+        labels = labels_from_mask(gt[0], num_classes)[None]
+        cam = multiscale_cam(cam_fn, image, labels, cfg.cam.scales)
+        for cm, pred in zip(cams_cm, sweep_labels(cam, labels, thresholds), strict=True):
+            cm.update(pred, gt)
+        if cam_dir is not None:
+            buf = io.BytesIO()
+            np.save(buf, cam[0].to(torch.float16).cpu().numpy())
+            atomic_write_bytes(_safe_file(Path(cam_dir), image_id, ".npy"), buf.getvalue())
+        if pseudo:
+            images01 = denormalize(image, dataset.mean, dataset.std)
+            label = pseudo_labels(
+                images01, cam, labels, None, par, cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale, ignore
+            )
+            valid = gt < num_classes
+            uncertain = label == ignore
+            ignored += int((uncertain & valid).sum())
+            scored += int(valid.sum())
+            pseudo_cm.update(label, gt.masked_fill(uncertain, ignore))
+            if pseudo_dir is not None:
+                save_mask(_safe_file(Path(pseudo_dir), image_id, ".png"), label[0].cpu().numpy(), palette)
+
+    names = list(dataset.classes)
+    return CamEvalResult(
+        thresholds=thresholds,
+        cam={t: cm.compute(class_names=names) for t, cm in zip(thresholds, cams_cm, strict=True)},
+        num_images=total,
+        pseudo=pseudo_cm.compute(class_names=names) if pseudo else None,
+        pseudo_ignored_fraction=(ignored / scored if scored else float("nan")) if pseudo else None,
+        info={
+            "classifier": "aux" if aux else "final",
+            "scales": list(cfg.cam.scales),
+            "flip": True,
+            "labels": "from the ground-truth masks",
+            "pseudo_thresholds": {"fg": cfg.cam.fg_thresh, "bg": cfg.cam.bg_thresh} if pseudo else None,
+        },
+    )
+
+
+def run_cam_eval(
+    checkpoint: str | Path,
+    split: str = "train",
+    thresholds: Sequence[float] = (0.5,),
+    out: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    data_root: str | Path | None = None,
+    aux: bool = False,
+    pseudo: bool = False,
+    save_cams: bool = False,
+    save_pseudo: bool = False,
+    max_images: int | None = None,
+    progress: bool = True,
+) -> tuple[CamEvalResult, Path]:
+    """Rebuild the model and dataset from a checkpoint, run :func:`evaluate_cams`, write ``cam_eval.json``.
+
+    Args:
+        checkpoint: A wsss checkpoint (its config names the dataset).
+        split: Split name or file of the dataset (needs masks for every id).
+        thresholds: Background thresholds to sweep.
+        out: Output folder; default ``<checkpoint dir>/cam_eval_<split>[_aux]``. Exports go to ``out/cams``
+            and ``out/pseudo``.
+        device: Where the model runs.
+        data_root: Overrides ``data.root`` of the checkpoint's config.
+        aux, pseudo, max_images, progress: See :func:`evaluate_cams`.
+        save_cams: Export the CAMs. save_pseudo: Export the pseudo labels (implies ``pseudo``).
+
+    Returns:
+        The result and the JSON file written.
+    """
+    model, ckpt = model_from_checkpoint(checkpoint, device)
+    cfg = config_from_checkpoint(ckpt)
+    if data_root is not None:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, root=str(data_root)))
+    dataset = VOCSegDataset(cfg.data, tuple(ckpt["mean"]), tuple(ckpt["std"]), split=split)
+    if list(dataset.classes) != list(ckpt["classes"]):
+        raise ValueError(f"the dataset's classes {dataset.classes} differ from the checkpoint's {ckpt['classes']}")
+    split_name = Path(split).stem
+    out = Path(out) if out is not None else Path(checkpoint).parent / f"cam_eval_{split_name}{'_aux' if aux else ''}"
+    result = evaluate_cams(
+        model, dataset, cfg, thresholds, device, aux=aux, pseudo=pseudo or save_pseudo,
+        cam_dir=out / "cams" if save_cams else None, pseudo_dir=out / "pseudo" if save_pseudo else None,
+        max_images=max_images, progress=progress,
+    )  # fmt: skip
+    result.info = {"checkpoint": str(checkpoint), "data_root": cfg.data.root, "split": split, **result.info}
+    path = out / "cam_eval.json"
+    atomic_write_text(path, json.dumps(result.to_dict(), indent=2) + "\n")
+    return result, path

@@ -1,0 +1,737 @@
+"""Inference: multi-scale + flip test-time augmentation, dense CRF, and the loop over image folders.
+
+Test-time augmentation (DESIGN.md section 3, "inference"), :func:`tta_forward` / :func:`predict_logits`:
+per scale ``s`` the image is resized to ``(int(s * H), int(s * W))`` (bilinear, ``align_corners=False``,
+the rule of :func:`wsss.cam.multiscale_cam`), run batched with its horizontal flip, the stride-16 logits
+are brought to the scaled image's pixels with :func:`~wsss.models.segmentor.resize_to_image` (exact patch
+alignment, padding cropped), resized to ``(H, W)``, the flipped half un-flipped, and the two summed; the
+result is the elementwise max over scales.
+
+:func:`run_inference` is what ``tools/infer.py`` calls. Output layout under OUTPUT, mirroring each image's
+path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages`` (a VOC root with a split)::
+
+    masks/<rel>.png       palette PNG (VOC palette), values = class indices in [0, C)
+    overlays/<rel>.jpg    mask blended over the image (--overlay)
+    cams/<rel>.jpg        CAM heatmap over the image (--cams): max over the classes the classifier
+                          predicts present (sigmoid > 0.5), or its top-1 class when none is
+    logits/<rel>.npy      (C, ceil(H/4), ceil(W/4)) float16 TTA logits at 1/4 resolution (--logits);
+                          bilinear (align_corners=False) upsampling to (H, W) recovers the full map
+    thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
+    index.html            gallery: thumbnail, mask overlay, CAM (--gallery, which implies --overlay --cams)
+    image_labels.json     per image: the classes the classifier predicts present and those shown in the CAM
+    run.json              the settings of the last run; summary.json: what it did
+
+``<rel>`` is the input's relative path with its extension replaced. Every file is written atomically.
+An image whose requested outputs all exist is skipped (not even decoded) unless ``overwrite``.
+
+Batching: images of different sizes cannot share a batch without padding, and padding changes a ViT's
+output (the zeros take part in attention), so a batch holds only images of one size. Decoded images wait
+in per-size buckets; a bucket runs when it holds ``batch_size`` images, or, when more than
+``4 * batch_size`` images wait, the bucket holding the oldest one runs (bounded memory, every image
+eventually runs). Each scale of a batch of ``n`` images is one forward pass of ``2n`` (with flip). Results
+are identical to ``batch_size=1`` up to float rounding.
+
+Dense CRF (``crf=True``): softmax of the TTA logits, then :func:`wsss.crf.crf_labels` in a pool of
+``CrfConfig.workers`` processes; a job is submitted as soon as an image's logits exist and its mask is
+written when the job finishes, so the model loop does not wait for the CRF (it waits only when more than
+``2 * workers + batch_size`` jobs are queued, to bound memory).
+
+Path safety: input files whose resolved path (symlinks followed) lies outside the input folder, split ids
+that are absolute or contain ``..``, and outputs whose resolved path would lie outside OUTPUT (a symlinked
+output folder) are skipped with a reason. Files under OUTPUT are never read as inputs when OUTPUT lies
+inside INPUT.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from wsss.cam import NORM_EPS
+from wsss.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
+from wsss.data.classes import voc_palette
+from wsss.data.folder import Skipped, scan_folder
+from wsss.data.transforms import normalize
+from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
+from wsss.io import atomic_write_bytes, atomic_write_text, read_image, save_image, save_mask
+from wsss.models.segmentor import resize_to_image
+from wsss.visualize import cam_overlay, mask_overlay
+
+CLS_THRESHOLD = 0.5
+"""A class is predicted present when the sigmoid of its (TTA-averaged) classifier logit exceeds this."""
+LOGIT_STRIDE = 4
+"""Saved logits are downscaled by this factor (ceil), bilinear with antialiasing."""
+THUMB_SIZE = 256
+BUCKET_WINDOW = 4
+"""At most ``BUCKET_WINDOW * batch_size`` decoded images wait for a same-size batch."""
+
+__all__ = [
+    "InferenceOptions",
+    "InferenceSummary",
+    "SizeBuckets",
+    "Source",
+    "TTAOutput",
+    "downscale_logits",
+    "list_folder",
+    "list_split",
+    "output_paths",
+    "predict_logits",
+    "run_inference",
+    "tta_forward",
+    "write_gallery",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Test-time augmentation
+
+
+@dataclass
+class TTAOutput:
+    """What :func:`tta_forward` returns for a batch of B images of size (H, W).
+
+    Attributes:
+        seg: (B, C, H, W) segmentation logits, summed over the flip, max over scales.
+        cls_logits: (B, C-1) classifier logits, averaged over every scale and flip pass.
+        cam: (B, C-1, H, W) CAMs in [0, 1] of every foreground class (ReLU of the max over the flip, summed
+            over scales, min-max normalised per plane as :func:`wsss.cam.multiscale_cam`, but at the
+            inference scales and not zeroed for absent classes), or None unless requested.
+    """
+
+    seg: Tensor
+    cls_logits: Tensor
+    cam: Tensor | None = None
+
+
+def _scaled_size(scale: float, size: Sequence[int]) -> tuple[int, int]:
+    return max(1, int(scale * size[0])), max(1, int(scale * size[1]))
+
+
+@torch.no_grad()
+def tta_forward(
+    model: torch.nn.Module,
+    images: Tensor,
+    scales: Sequence[float] = (1.0, 1.25, 1.5),
+    flip: bool = True,
+    cams: bool = False,
+) -> TTAOutput:
+    """Multi-scale (and flipped) segmentation logits of a batch of same-size images, in one pass per scale.
+
+    Args:
+        model: A :class:`~wsss.models.segmentor.WSSSModel` (anything whose ``forward`` returns ``seg`` at
+            ``model.stride``, ``logits`` and, for ``cams``, ``features`` for ``model.classifier.cam``), in
+            eval mode.
+        images: (B, 3, H, W) normalised images.
+        scales: Image scales; the size at scale ``s`` is ``(int(s * H), int(s * W))``.
+        flip: Also run every scale's horizontal flip (batched with it) and sum the un-flipped logits.
+        cams: Also compute the CAMs from the same passes.
+
+    Returns:
+        :class:`TTAOutput`, float32 on the images' device.
+    """
+    if not scales:
+        raise ValueError("tta_forward needs at least one scale")
+    b, _, h, w = images.shape
+    seg_max = cam_sum = None
+    cls_sum = 0.0
+    passes = 0
+    for s in scales:
+        size = _scaled_size(s, (h, w))
+        x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+        if flip:
+            x = torch.cat([x, x.flip(-1)], dim=0)
+        out = model(x)
+        seg = _to_image(out.seg.float(), size, (h, w), model.stride)
+        if flip:
+            seg = seg[:b] + seg[b:].flip(-1)
+        seg_max = seg if seg_max is None else torch.maximum(seg_max, seg)
+        logits = out.logits.float()
+        cls_sum = cls_sum + (logits[:b] + logits[b:] if flip else logits)
+        passes += 2 if flip else 1
+        if cams:
+            cam = _to_image(model.classifier.cam(out.features).float(), size, (h, w), model.stride)
+            if flip:
+                cam = torch.maximum(cam[:b], cam[b:].flip(-1))
+            cam = F.relu(cam)
+            cam_sum = cam if cam_sum is None else cam_sum + cam
+    if cam_sum is not None:
+        flat = cam_sum.flatten(2)
+        low, high = flat.amin(dim=2, keepdim=True), flat.amax(dim=2, keepdim=True)
+        cam_sum = ((flat - low) / (high - low + NORM_EPS)).view_as(cam_sum)
+    return TTAOutput(seg=seg_max, cls_logits=cls_sum / passes, cam=cam_sum)
+
+
+def _to_image(maps: Tensor, scaled: tuple[int, int], size: tuple[int, int], stride: int) -> Tensor:
+    """Token-grid maps of an image resized to ``scaled`` -> (B, K, *size) pixels of the original image."""
+    maps = resize_to_image(maps, scaled, stride)
+    if scaled != size:
+        maps = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
+    return maps
+
+
+def predict_logits(
+    model: torch.nn.Module, image: Tensor, scales: Sequence[float] = (1.0, 1.25, 1.5), flip: bool = True
+) -> Tensor:
+    """TTA segmentation logits: (B, 3, H, W) normalised images (B = 1 usually) -> (B, C, H, W) float32.
+
+    Per scale: resize, run batched with the flip, un-flip, sum over the flip, resize to (H, W); then the
+    max over scales. See :func:`tta_forward`.
+    """
+    return tta_forward(model, image, scales, flip).seg
+
+
+def predicted_classes(cls_logits: Tensor, threshold: float = CLS_THRESHOLD) -> tuple[Tensor, bool]:
+    """(C-1,) classifier logits -> (bool mask of the foreground classes to show, whether it is the top-1
+    fallback because no class passes ``sigmoid > threshold``)."""
+    present = cls_logits.sigmoid() > threshold
+    if present.any():
+        return present, False
+    top = torch.zeros_like(present)
+    top[cls_logits.argmax()] = True
+    return top, True
+
+
+def downscale_logits(seg: Tensor, factor: int = LOGIT_STRIDE) -> np.ndarray:
+    """(C, H, W) logits -> (C, ceil(H/factor), ceil(W/factor)) float16 numpy (bilinear, antialiased)."""
+    size = (math.ceil(seg.shape[-2] / factor), math.ceil(seg.shape[-1] / factor))
+    small = F.interpolate(seg[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)
+    return small[0].to(torch.float16).cpu().numpy()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Inputs and output paths
+
+
+@dataclass
+class Source:
+    """One input image: its path relative to the input base (POSIX) and its file."""
+
+    rel: str
+    path: Path
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` with every symlink resolved lies in the resolved ``root``."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+
+
+def list_folder(root: str | Path, exclude: str | Path | None = None) -> tuple[list[Source], list[Skipped]]:
+    """Image files under ``root`` (recursive, sorted; symlinked folders are not entered).
+
+    Args:
+        root: The input folder.
+        exclude: A folder whose files are never inputs (the output folder, when it lies inside ``root``).
+
+    Returns:
+        The images, and the files skipped with their reasons: non-image files, and symlinks resolving
+        outside ``root``.
+    """
+    root = Path(root)
+    rels, skipped = scan_folder(root)
+    sources = []
+    for rel in rels:
+        path = root / rel
+        if exclude is not None and _inside(path, exclude) and _inside(Path(exclude), root):
+            continue
+        if not _inside(path, root):
+            skipped.append(Skipped(rel, f"resolves outside the input folder ({os.path.realpath(path)})"))
+            continue
+        sources.append(Source(PurePosixPath(Path(rel)).as_posix(), path))
+    return sources, skipped
+
+
+def safe_relative(name: str) -> str | None:
+    """``name`` as a clean relative POSIX path, or None if it is empty, absolute or climbs with ``..``."""
+    if not name or "\0" in name or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        return None
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if not parts or any(p in ("..", "") for p in parts):
+        return None
+    return PurePosixPath(*[p for p in parts if p != "."]).as_posix() or None
+
+
+def list_split(root: str | Path, split: str) -> tuple[list[Source], list[Skipped]]:
+    """Images of a VOC-layout root listed by a split (a name under ``ImageSets/Segmentation`` or a file).
+
+    Ids are looked up as ``JPEGImages/<id>{.jpg,.jpeg,.png}``; relative paths are taken from JPEGImages.
+    Ids that are absolute or contain ``..``, ids without an image, and images resolving outside
+    JPEGImages are skipped with a reason.
+    """
+    base = Path(root) / "JPEGImages"
+    if not base.is_dir():
+        raise FileNotFoundError(f"{root} has no JPEGImages/ folder; with --split, INPUT must be a VOC-layout root")
+    sources, skipped, seen = [], [], set()
+    for image_id in read_split(resolve_split(Path(root), split)):
+        rel_id = safe_relative(image_id)
+        if rel_id is None:
+            skipped.append(Skipped(image_id, "unsafe id in the split file (absolute, empty or with '..')"))
+            continue
+        path = next((base / f"{rel_id}{ext}" for ext in IMAGE_SUFFIXES if (base / f"{rel_id}{ext}").is_file()), None)
+        if path is None:
+            skipped.append(Skipped(image_id, f"no image JPEGImages/{rel_id}{{{','.join(IMAGE_SUFFIXES)}}}"))
+        elif not _inside(path, base):
+            skipped.append(Skipped(image_id, f"resolves outside JPEGImages ({os.path.realpath(path)})"))
+        elif rel_id not in seen:
+            seen.add(rel_id)
+            sources.append(Source(path.relative_to(base).as_posix(), path))
+    return sources, skipped
+
+
+def output_paths(output: Path, rel: str, kinds: Iterable[str]) -> dict[str, Path]:
+    """Output file of each kind (``masks``, ``overlays``, ``cams``, ``logits``, ``thumbs``) for input ``rel``."""
+    suffix = {"masks": ".png", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg"}
+    stem = PurePosixPath(rel).with_suffix("")
+    return {k: output / k / f"{stem}{suffix[k]}" for k in kinds}
+
+
+def _url(path: str) -> str:
+    return html.escape(quote(path), quote=True)
+
+
+def write_gallery(output: str | Path, rels: Sequence[str], labels: dict[str, dict] | None = None) -> Path:
+    """Write ``output/index.html``: one row per image with its thumbnail, mask overlay and CAM.
+
+    Links are relative (the folder can be moved or served as is); names are HTML-escaped and URLs
+    percent-encoded.
+    """
+    output = Path(output)
+    labels = labels or {}
+    rows = []
+    for rel in rels:
+        paths = output_paths(Path(), rel, ("thumbs", "overlays", "cams"))
+        cells = []
+        for kind in ("thumbs", "overlays", "cams"):
+            url = _url(paths[kind].as_posix())
+            cells.append(f'<td><a href="{url}"><img src="{url}" height="160" loading="lazy" alt=""></a></td>')
+        info = labels.get(rel, {})
+        shown = ", ".join(info.get("cam_classes", []))
+        note = " (top-1)" if info.get("top1_fallback") else ""
+        rows.append(
+            f"<tr><td>{html.escape(rel)}</td>{''.join(cells)}<td>{html.escape(shown)}{html.escape(note)}</td></tr>"
+        )
+    page = (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>wsss predictions</title>\n'
+        "<style>body{font-family:sans-serif} td{padding:4px;vertical-align:top}</style></head><body>\n"
+        f"<p>{len(rels)} images. Columns: input, predicted mask, CAM of the classes the classifier predicts "
+        f"present (sigmoid &gt; {CLS_THRESHOLD}; top-1 when none).</p>\n"
+        "<table><tr><th>image</th><th>input</th><th>mask</th><th>CAM</th><th>CAM classes</th></tr>\n"
+        + "\n".join(rows)
+        + "\n</table></body></html>\n"
+    )
+    path = output / "index.html"
+    atomic_write_text(path, page)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Batching
+
+
+class SizeBuckets:
+    """Group items by image size into batches of at most ``batch_size`` (see the module docstring).
+
+    Args:
+        batch_size: Images per batch.
+        window: At most ``window * batch_size`` items wait; beyond that the oldest bucket is released.
+    """
+
+    def __init__(self, batch_size: int, window: int = BUCKET_WINDOW) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.max_held = max(1, window * batch_size)
+        self._buckets: dict[tuple[int, ...], list[Any]] = {}
+        self._held = 0
+
+    def add(self, item: Any, size: tuple[int, ...]) -> list[list[Any]]:
+        """Add ``item`` of ``size``; return the batches that are ready now (oldest first)."""
+        ready = []
+        bucket = self._buckets.setdefault(size, [])
+        bucket.append(item)
+        self._held += 1
+        if len(bucket) == self.batch_size:
+            ready.append(self._pop(size))
+        while self._held > self.max_held:
+            ready.append(self._pop(next(iter(self._buckets))))
+        return ready
+
+    def flush(self) -> list[list[Any]]:
+        """Every waiting batch, the one holding the oldest item first."""
+        return [self._pop(size) for size in list(self._buckets)]
+
+    def _pop(self, size: tuple[int, ...]) -> list[Any]:
+        batch = self._buckets.pop(size)
+        self._held -= len(batch)
+        return batch
+
+
+class _ImageList(Dataset):
+    """Decodes sources; a corrupt file yields ``image=None`` and the reason."""
+
+    def __init__(self, sources: Sequence[Source]) -> None:
+        self.sources = sources
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int) -> dict:
+        try:
+            return {"index": index, "image": read_image(self.sources[index].path), "error": None}
+        except ValueError as err:
+            return {"index": index, "image": None, "error": str(err).split(": ", 1)[-1]}
+
+
+def _identity(item: dict) -> dict:
+    return item
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class InferenceOptions:
+    """What :func:`run_inference` computes and writes.
+
+    Attributes:
+        scales: TTA scales; None takes ``infer.scales`` of the checkpoint's config.
+        flip: Horizontal-flip TTA; None takes ``infer.flip`` of the checkpoint's config.
+        crf: Refine the masks with the dense CRF (constants: the checkpoint's ``infer.crf``).
+        overlay: Write mask overlays. cams: write CAM heatmaps. logits: write 1/4-size float16 logits.
+        gallery: Write thumbnails and ``index.html`` (implies overlay and cams).
+        batch_size: Images per forward batch (same-size images only).
+        overwrite: Redo images whose outputs exist.
+        num_workers: Image decoding processes (0: in the main process).
+        crf_workers: CRF processes; None takes ``infer.crf.workers`` (0: serial).
+        progress: Show a progress bar.
+    """
+
+    scales: Sequence[float] | None = None
+    flip: bool | None = None
+    crf: bool = False
+    overlay: bool = False
+    cams: bool = False
+    logits: bool = False
+    gallery: bool = False
+    batch_size: int = 1
+    overwrite: bool = False
+    num_workers: int = 2
+    crf_workers: int | None = None
+    progress: bool = True
+
+    def kinds(self) -> list[str]:
+        """Output kinds this run writes for every image."""
+        kinds = ["masks"]
+        kinds += ["overlays"] if self.overlay or self.gallery else []
+        kinds += ["cams"] if self.cams or self.gallery else []
+        kinds += ["logits"] if self.logits else []
+        kinds += ["thumbs"] if self.gallery else []
+        return kinds
+
+
+@dataclass
+class InferenceSummary:
+    """What a run did.
+
+    Attributes:
+        output: The output folder.
+        done: Images predicted in this run.
+        existing: Images skipped because their outputs exist.
+        skipped: Files not processed, with the reason (corrupt, unsafe path, not an image, ...).
+        seconds: Wall time of the loop (model loading and listing excluded).
+        notes: Warnings for the user.
+    """
+
+    output: Path
+    done: int = 0
+    existing: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.done / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output": str(self.output),
+            "done": self.done,
+            "existing": self.existing,
+            "seconds": round(self.seconds, 3),
+            "images_per_s": round(self.images_per_s, 3),
+            "skipped": [asdict(s) for s in self.skipped],
+            "notes": self.notes,
+        }
+
+    def format(self, max_lines: int = 20) -> str:
+        """Human-readable summary (at most ``max_lines`` skipped files listed)."""
+        lines = [
+            f"done {self.done} images in {self.seconds:.1f} s ({self.images_per_s:.2f} images/s); "
+            f"{self.existing} already done (outputs exist; --overwrite redoes them); "
+            f"{len(self.skipped)} skipped"
+        ]
+        lines += [f"  skipped {s.path}: {s.reason}" for s in self.skipped[:max_lines]]
+        if len(self.skipped) > max_lines:
+            lines.append(f"  ... and {len(self.skipped) - max_lines} more, see {self.output / 'summary.json'}")
+        lines += [f"note: {n}" for n in self.notes]
+        lines.append(f"outputs in {self.output}")
+        return "\n".join(lines)
+
+
+def default_output(input_path: str | Path) -> Path:
+    """``INPUT_pred`` beside the input folder (``photos/`` -> ``photos_pred/``)."""
+    path = Path(os.path.abspath(input_path))
+    return path.with_name(path.name + "_pred")
+
+
+def run_inference(
+    checkpoint: str | Path,
+    input_path: str | Path,
+    output: str | Path | None = None,
+    split: str | None = None,
+    options: InferenceOptions | None = None,
+    device: str | torch.device = "cpu",
+) -> InferenceSummary:
+    """Predict masks (and the optional outputs) for every image of a folder or of a VOC split.
+
+    Args:
+        checkpoint: A wsss checkpoint; the model and its preprocessing are rebuilt from it alone.
+        input_path: A folder of images (recursive), or with ``split`` a VOC-layout root.
+        output: Output folder; default :func:`default_output` of ``input_path``.
+        split: A split name or file; images are read from ``input_path/JPEGImages``.
+        options: What to compute and write.
+        device: Where the model runs.
+
+    Returns:
+        The :class:`InferenceSummary` (also written to ``output/summary.json``).
+
+    Raises:
+        FileNotFoundError: The checkpoint, the input folder or the split is missing.
+        ValueError: OUTPUT is INPUT, or the checkpoint is not a wsss checkpoint.
+    """
+    opts = options or InferenceOptions()
+    input_path = Path(input_path)
+    if not input_path.is_dir():
+        raise FileNotFoundError(f"input folder not found: {input_path}")
+    output = Path(output) if output is not None else default_output(input_path)
+    if os.path.realpath(output) == os.path.realpath(input_path):
+        raise ValueError(f"the output folder must differ from the input folder ({output})")
+
+    cfg = config_from_checkpoint(load_checkpoint(checkpoint))
+    scales = tuple(cfg.infer.scales if opts.scales is None else opts.scales)
+    flip = cfg.infer.flip if opts.flip is None else opts.flip
+    if split is not None:
+        sources, skipped = list_split(input_path, split)
+    else:
+        sources, skipped = list_folder(input_path, exclude=output)
+
+    output.mkdir(parents=True, exist_ok=True)
+    summary = InferenceSummary(output=output, skipped=skipped)
+    settings = {
+        "checkpoint": os.path.realpath(checkpoint),
+        "input": os.path.realpath(input_path),
+        "split": split,
+        "scales": list(scales),
+        "flip": flip,
+        "crf": opts.crf,
+        "crf_config": asdict(cfg.infer.crf) if opts.crf else None,
+    }
+    kinds = opts.kinds()
+    todo, finished = _plan(sources, output, kinds, opts.overwrite, summary)
+    _check_previous_settings(output, settings, summary, opts.overwrite)
+    atomic_write_text(output / "run.json", json.dumps({**settings, "outputs": kinds}, indent=2) + "\n")
+
+    with ExitStack() as stack:
+        pool = None
+        if opts.crf and todo:  # workers start before the model exists (see CrfPool)
+            from wsss.crf import CrfPool
+
+            pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers))
+        model, ckpt = model_from_checkpoint(checkpoint, device)
+        runner = _Runner(model, ckpt, output, kinds, opts, scales, flip, summary, pool)
+        tic = time.perf_counter()
+        runner.run(todo)
+        summary.seconds = time.perf_counter() - tic
+    finished += runner.finished
+    labels = _update_labels_file(output, runner.labels, ckpt["classes"])
+    if opts.gallery:
+        shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
+        write_gallery(output, shown, labels)
+    atomic_write_text(output / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
+    return summary
+
+
+def _paths_for_gallery(output: Path, rel: str) -> list[Path]:
+    return list(output_paths(output, rel, ("thumbs", "overlays", "cams")).values())
+
+
+def _plan(
+    sources: list[Source], output: Path, kinds: list[str], overwrite: bool, summary: InferenceSummary
+) -> tuple[list[tuple[Source, dict[str, Path]]], list[str]]:
+    """Split sources into those to run and those already done; skip unsafe outputs and name collisions."""
+    todo, done, claimed = [], [], {}
+    for src in sources:
+        paths = output_paths(output, src.rel, kinds)
+        escaped = [p for p in paths.values() if not _inside(p, output)]
+        if escaped:
+            reason = f"output {escaped[0]} resolves outside the output folder ({os.path.realpath(escaped[0])})"
+            summary.skipped.append(Skipped(src.rel, reason))
+            continue
+        key = paths["masks"].as_posix()
+        if key in claimed:
+            summary.skipped.append(Skipped(src.rel, f"its outputs would overwrite those of {claimed[key]}"))
+            continue
+        claimed[key] = src.rel
+        if not overwrite and all(p.is_file() for p in paths.values()):
+            summary.existing += 1
+            done.append(src.rel)
+        else:
+            todo.append((src, paths))
+    return todo, done
+
+
+def _check_previous_settings(output: Path, settings: dict, summary: InferenceSummary, overwrite: bool) -> None:
+    try:
+        previous = json.loads((output / "run.json").read_text())
+    except (OSError, ValueError):
+        return
+    changed = [k for k in ("checkpoint", "scales", "flip", "crf", "crf_config") if previous.get(k) != settings[k]]
+    if changed and summary.existing and not overwrite:
+        summary.notes.append(
+            f"{summary.existing} images were kept from an earlier run with other settings ({', '.join(changed)}); "
+            "rerun with --overwrite to redo them"
+        )
+
+
+def _update_labels_file(output: Path, new: dict[str, dict], classes: list[str]) -> dict[str, dict]:
+    """Merge this run's image-level predictions into ``output/image_labels.json``; return all of them."""
+    path = output / "image_labels.json"
+    images: dict[str, dict] = {}
+    try:
+        old = json.loads(path.read_text())
+        if old.get("classes") == list(classes):
+            images = dict(old.get("images", {}))
+    except (OSError, ValueError, AttributeError):
+        pass
+    images.update(new)
+    payload = {"classes": list(classes), "threshold": CLS_THRESHOLD, "images": dict(sorted(images.items()))}
+    atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
+    return images
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+class _Runner:
+    """State of one :func:`run_inference` loop: decoding, batching, model, CRF jobs, writing."""
+
+    def __init__(self, model, ckpt, output, kinds, opts, scales, flip, summary, pool) -> None:
+        self.model, self.output, self.kinds, self.opts = model, output, kinds, opts
+        self.scales, self.flip, self.summary = scales, flip, summary
+        self.classes = list(ckpt["classes"])
+        self.mean, self.std = tuple(ckpt["mean"]), tuple(ckpt["std"])
+        self.device = next(model.parameters()).device
+        self.palette = voc_palette()
+        self.pool = pool
+        self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, Future]] = deque()
+        self.labels: dict[str, dict] = {}
+        self.finished: list[str] = []
+        self.bar = None
+
+    def run(self, todo: list[tuple[Source, dict[str, Path]]]) -> None:
+        loader = DataLoader(
+            _ImageList([src for src, _ in todo]),
+            batch_size=None,
+            num_workers=self.opts.num_workers if len(todo) > 1 else 0,
+            collate_fn=_identity,
+        )
+        buckets = SizeBuckets(self.opts.batch_size)
+        self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.opts.progress)
+        try:
+            for item in loader:
+                src, paths = todo[item["index"]]
+                if item["image"] is None:
+                    self.summary.skipped.append(Skipped(src.rel, f"unreadable image ({item['error']})"))
+                    self.bar.update(1)
+                    continue
+                for batch in buckets.add((src, paths, item["image"]), item["image"].shape):
+                    self._run_batch(batch)
+            for batch in buckets.flush():
+                self._run_batch(batch)
+            self._collect(block=True)
+        finally:
+            self.bar.close()
+
+    def _run_batch(self, batch: list[tuple[Source, dict[str, Path], np.ndarray]]) -> None:
+        images = torch.stack([normalize(raw, self.mean, self.std) for _, _, raw in batch]).to(self.device)
+        out = tta_forward(self.model, images, self.scales, self.flip, cams="cams" in self.kinds)
+        for i, (src, paths, raw) in enumerate(batch):
+            seg = out.seg[i]
+            shown, top1 = predicted_classes(out.cls_logits[i])
+            present = out.cls_logits[i].sigmoid() > CLS_THRESHOLD
+            names = self.classes[1:]
+            self.labels[src.rel] = {
+                "present": [n for n, p in zip(names, present.tolist(), strict=True) if p],
+                "cam_classes": [n for n, p in zip(names, shown.tolist(), strict=True) if p],
+                "top1_fallback": top1,
+            }
+            if "logits" in paths:
+                _save_npy(paths["logits"], downscale_logits(seg))
+            if "cams" in paths:
+                save_image(paths["cams"], cam_overlay(raw, out.cam[i][shown].cpu().numpy()))
+            if "thumbs" in paths:
+                thumb = Image.fromarray(raw)
+                thumb.thumbnail((THUMB_SIZE, THUMB_SIZE))
+                save_image(paths["thumbs"], np.asarray(thumb))
+            if self.pool is not None:
+                probs = seg.softmax(dim=0).cpu().numpy()
+                self.pending.append((src, paths, raw, self.pool.submit(raw, probs)))
+            else:
+                self._finish(src, paths, raw, seg.argmax(dim=0).to(torch.uint8).cpu().numpy())
+        self._collect(block=False)
+
+    def _collect(self, block: bool) -> None:
+        """Write the masks of finished CRF jobs (in submission order); with ``block``, wait for all. Also
+        waits for the oldest job while more than ``2 * workers + batch_size`` are queued."""
+        limit = 0 if block else 2 * (self.pool.workers if self.pool else 0) + self.opts.batch_size
+        while self.pending and (self.pending[0][3].done() or len(self.pending) > limit):
+            src, paths, raw, future = self.pending.popleft()
+            try:
+                mask = future.result()
+            except Exception as err:  # a failed CRF job skips its image, the run goes on
+                self.summary.skipped.append(Skipped(src.rel, f"dense CRF failed ({type(err).__name__}: {err})"))
+                self.bar.update(1)
+                continue
+            self._finish(src, paths, raw, mask)
+
+    def _finish(self, src: Source, paths: dict[str, Path], raw: np.ndarray, mask: np.ndarray) -> None:
+        if "overlays" in paths:
+            save_image(paths["overlays"], mask_overlay(raw, mask))
+        save_mask(paths["masks"], mask, self.palette)
+        self.finished.append(src.rel)
+        self.summary.done += 1
+        self.bar.update(1)
