@@ -59,11 +59,26 @@ def multiscale_cam(
         total = cam if total is None else total + cam
     if total is None:
         raise ValueError("multiscale_cam needs at least one scale")
-    flat = total.flatten(2)
+    return normalize_cams(total) * labels.to(total.dtype)[:, :, None, None]
+
+
+def normalize_cams(cams: Tensor) -> Tensor:
+    """Min-max normalise each (image, class) plane of ``cams`` (B, K, H, W) to [0, 1]:
+    ``(x - min) / (max - min + 1e-5)``."""
+    flat = cams.flatten(2)
     low = flat.amin(dim=2, keepdim=True)
     high = flat.amax(dim=2, keepdim=True)
-    flat = (flat - low) / (high - low + NORM_EPS)
-    return flat.view_as(total) * labels.to(total.dtype)[:, :, None, None]
+    return ((flat - low) / (high - low + NORM_EPS)).view_as(cams)
+
+
+def labels_from_mask(mask: Tensor, num_classes: int) -> Tensor:
+    """(H, W) class indices -> (C-1,) float multi-hot of the foreground classes present (255 ignored).
+
+    Validation and CAM evaluation take image-level labels from the ground truth, as the WSSS literature does.
+    """
+    present = torch.zeros(num_classes, dtype=torch.float32, device=mask.device)
+    present[mask[mask < num_classes].unique()] = 1.0
+    return present[1:]
 
 
 def cam_to_label(cam: Tensor, labels: Tensor, bg_thresh: float) -> Tensor:

@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from wsss.cam import multiscale_cam
+from wsss.cam import labels_from_mask, multiscale_cam
 from wsss.checkpoint import config_from_checkpoint, model_from_checkpoint
 from wsss.config import Config
 from wsss.data.classes import voc_palette
@@ -41,7 +41,6 @@ from wsss.io import atomic_write_bytes, atomic_write_text, save_mask
 from wsss.models.segmentor import WSSSModel, resize_to_image
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
-from wsss.validate import labels_from_mask
 
 __all__ = ["CamEvalResult", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
 

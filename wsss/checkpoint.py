@@ -142,15 +142,15 @@ def config_from_checkpoint(ckpt: dict[str, Any]) -> Config:
     return from_dict(Config, ckpt["config"])
 
 
-def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
-    """Rebuild the model from a checkpoint alone, in eval mode.
+def model_from_checkpoint(checkpoint: str | Path | dict[str, Any], device: str | torch.device = "cpu"):
+    """Rebuild the model from a checkpoint alone (a path, or what :func:`load_checkpoint` returned), in eval mode.
 
     Returns:
         ``(model, ckpt)``: ckpt holds ``config``, ``classes``, ``mean``, ``std``, ``step``.
     """
     from wsss.models import build_model
 
-    ckpt = load_checkpoint(path)
+    ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     cfg = config_from_checkpoint(ckpt)
     cfg.model.pretrained = ""  # the checkpoint holds every weight
     model = build_model(cfg.model, num_classes=len(ckpt["classes"]))

@@ -171,6 +171,10 @@ class InferConfig:
 
     scales: tuple[float, ...] = (1.0, 1.25, 1.5)
     flip: bool = True
+    cls_thresh: float = 0.5
+    """A class counts as present (its CAM is drawn) when its classifier sigmoid exceeds this."""
+    logits_stride: int = 4
+    """Saved logits (``--logits``) are downscaled by this factor."""
     crf: CrfConfig = field(default_factory=CrfConfig)
 
 

@@ -67,7 +67,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from wsss.cam import NORM_EPS
+from wsss.cam import normalize_cams
 from wsss.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped, scan_folder
@@ -77,10 +77,6 @@ from wsss.io import atomic_write_bytes, atomic_write_text, read_image, save_imag
 from wsss.models.segmentor import resize_to_image
 from wsss.visualize import cam_overlay, mask_overlay
 
-CLS_THRESHOLD = 0.5
-"""A class is predicted present when the sigmoid of its (TTA-averaged) classifier logit exceeds this."""
-LOGIT_STRIDE = 4
-"""Saved logits are downscaled by this factor (ceil), bilinear with antialiasing."""
 THUMB_SIZE = 256
 BUCKET_WINDOW = 4
 """At most ``BUCKET_WINDOW * batch_size`` decoded images wait for a same-size batch."""
@@ -175,9 +171,7 @@ def tta_forward(
             cam = F.relu(cam)
             cam_sum = cam if cam_sum is None else cam_sum + cam
     if cam_sum is not None:
-        flat = cam_sum.flatten(2)
-        low, high = flat.amin(dim=2, keepdim=True), flat.amax(dim=2, keepdim=True)
-        cam_sum = ((flat - low) / (high - low + NORM_EPS)).view_as(cam_sum)
+        cam_sum = normalize_cams(cam_sum)
     return TTAOutput(seg=seg_max, cls_logits=cls_sum / passes, cam=cam_sum)
 
 
@@ -200,7 +194,7 @@ def predict_logits(
     return tta_forward(model, image, scales, flip).seg
 
 
-def predicted_classes(cls_logits: Tensor, threshold: float = CLS_THRESHOLD) -> tuple[Tensor, bool]:
+def predicted_classes(cls_logits: Tensor, threshold: float) -> tuple[Tensor, bool]:
     """(C-1,) classifier logits -> (bool mask of the foreground classes to show, whether it is the top-1
     fallback because no class passes ``sigmoid > threshold``)."""
     present = cls_logits.sigmoid() > threshold
@@ -211,7 +205,7 @@ def predicted_classes(cls_logits: Tensor, threshold: float = CLS_THRESHOLD) -> t
     return top, True
 
 
-def downscale_logits(seg: Tensor, factor: int = LOGIT_STRIDE) -> np.ndarray:
+def downscale_logits(seg: Tensor, factor: int) -> np.ndarray:
     """(C, H, W) logits -> (C, ceil(H/factor), ceil(W/factor)) float16 numpy (bilinear, antialiased)."""
     size = (math.ceil(seg.shape[-2] / factor), math.ceil(seg.shape[-1] / factor))
     small = F.interpolate(seg[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)
@@ -308,7 +302,9 @@ def _url(path: str) -> str:
     return html.escape(quote(path), quote=True)
 
 
-def write_gallery(output: str | Path, rels: Sequence[str], labels: dict[str, dict] | None = None) -> Path:
+def write_gallery(
+    output: str | Path, rels: Sequence[str], labels: dict[str, dict] | None = None, cls_thresh: float = 0.5
+) -> Path:
     """Write ``output/index.html``: one row per image with its thumbnail, mask overlay and CAM.
 
     Links are relative (the folder can be moved or served as is); names are HTML-escaped and URLs
@@ -333,7 +329,7 @@ def write_gallery(output: str | Path, rels: Sequence[str], labels: dict[str, dic
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>wsss predictions</title>\n'
         "<style>body{font-family:sans-serif} td{padding:4px;vertical-align:top}</style></head><body>\n"
         f"<p>{len(rels)} images. Columns: input, predicted mask, CAM of the classes the classifier predicts "
-        f"present (sigmoid &gt; {CLS_THRESHOLD}; top-1 when none).</p>\n"
+        f"present (sigmoid &gt; {cls_thresh}; top-1 when none).</p>\n"
         "<table><tr><th>image</th><th>input</th><th>mask</th><th>CAM</th><th>CAM classes</th></tr>\n"
         + "\n".join(rows)
         + "\n</table></body></html>\n"
@@ -538,7 +534,8 @@ def run_inference(
     if os.path.realpath(output) == os.path.realpath(input_path):
         raise ValueError(f"the output folder must differ from the input folder ({output})")
 
-    cfg = config_from_checkpoint(load_checkpoint(checkpoint))
+    ckpt = load_checkpoint(checkpoint)
+    cfg = config_from_checkpoint(ckpt)
     scales = tuple(cfg.infer.scales if opts.scales is None else opts.scales)
     flip = cfg.infer.flip if opts.flip is None else opts.flip
     if split is not None:
@@ -568,16 +565,16 @@ def run_inference(
             from wsss.crf import CrfPool
 
             pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers))
-        model, ckpt = model_from_checkpoint(checkpoint, device)
-        runner = _Runner(model, ckpt, output, kinds, opts, scales, flip, summary, pool)
+        model, _ = model_from_checkpoint(ckpt, device)
+        runner = _Runner(model, ckpt, output, kinds, opts, cfg.infer, scales, flip, summary, pool)
         tic = time.perf_counter()
         runner.run(todo)
         summary.seconds = time.perf_counter() - tic
     finished += runner.finished
-    labels = _update_labels_file(output, runner.labels, ckpt["classes"])
+    labels = _update_labels_file(output, runner.labels, ckpt["classes"], cfg.infer.cls_thresh)
     if opts.gallery:
         shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
-        write_gallery(output, shown, labels)
+        write_gallery(output, shown, labels, cfg.infer.cls_thresh)
     atomic_write_text(output / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
     return summary
 
@@ -624,7 +621,7 @@ def _check_previous_settings(output: Path, settings: dict, summary: InferenceSum
         )
 
 
-def _update_labels_file(output: Path, new: dict[str, dict], classes: list[str]) -> dict[str, dict]:
+def _update_labels_file(output: Path, new: dict[str, dict], classes: list[str], threshold: float) -> dict[str, dict]:
     """Merge this run's image-level predictions into ``output/image_labels.json``; return all of them."""
     path = output / "image_labels.json"
     images: dict[str, dict] = {}
@@ -635,7 +632,7 @@ def _update_labels_file(output: Path, new: dict[str, dict], classes: list[str]) 
     except (OSError, ValueError, AttributeError):
         pass
     images.update(new)
-    payload = {"classes": list(classes), "threshold": CLS_THRESHOLD, "images": dict(sorted(images.items()))}
+    payload = {"classes": list(classes), "threshold": threshold, "images": dict(sorted(images.items()))}
     atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
     return images
 
@@ -649,8 +646,9 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
 class _Runner:
     """State of one :func:`run_inference` loop: decoding, batching, model, CRF jobs, writing."""
 
-    def __init__(self, model, ckpt, output, kinds, opts, scales, flip, summary, pool) -> None:
+    def __init__(self, model, ckpt, output, kinds, opts, infer_cfg, scales, flip, summary, pool) -> None:
         self.model, self.output, self.kinds, self.opts = model, output, kinds, opts
+        self.cls_thresh, self.logits_stride = infer_cfg.cls_thresh, infer_cfg.logits_stride
         self.scales, self.flip, self.summary = scales, flip, summary
         self.classes = list(ckpt["classes"])
         self.mean, self.std = tuple(ckpt["mean"]), tuple(ckpt["std"])
@@ -691,8 +689,8 @@ class _Runner:
         out = tta_forward(self.model, images, self.scales, self.flip, cams="cams" in self.kinds)
         for i, (src, paths, raw) in enumerate(batch):
             seg = out.seg[i]
-            shown, top1 = predicted_classes(out.cls_logits[i])
-            present = out.cls_logits[i].sigmoid() > CLS_THRESHOLD
+            shown, top1 = predicted_classes(out.cls_logits[i], self.cls_thresh)
+            present = out.cls_logits[i].sigmoid() > self.cls_thresh
             names = self.classes[1:]
             self.labels[src.rel] = {
                 "present": [n for n, p in zip(names, present.tolist(), strict=True) if p],
@@ -700,7 +698,7 @@ class _Runner:
                 "top1_fallback": top1,
             }
             if "logits" in paths:
-                _save_npy(paths["logits"], downscale_logits(seg))
+                _save_npy(paths["logits"], downscale_logits(seg, self.logits_stride))
             if "cams" in paths:
                 save_image(paths["cams"], cam_overlay(raw, out.cam[i][shown].cpu().numpy()))
             if "thumbs" in paths:

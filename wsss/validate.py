@@ -1,0 +1,104 @@
+"""Validation during training: CAM, aux-CAM and segmentation mIoU on the val split, plus a few pictures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
+
+from wsss.cam import cam_to_label, labels_from_mask, multiscale_cam
+from wsss.config import Config
+from wsss.data.transforms import denormalize
+from wsss.data.voc import VOCSegDataset, collate_list
+from wsss.evaluation import ConfusionMatrix, SegMetrics
+from wsss.models.segmentor import WSSSModel, resize_to_image
+from wsss.par import PAR
+from wsss.pseudo_label import pseudo_labels
+from wsss.visualize import cam_overlay, mask_overlay
+
+
+@dataclass
+class ValResult:
+    """mIoU (percent) of each branch and pictures of the first images."""
+
+    metrics: dict[str, float]
+    tables: dict[str, SegMetrics] = field(default_factory=dict)
+    pictures: dict[str, np.ndarray] = field(default_factory=dict)
+    """Name -> (H, W, 3) uint8: the image, CAM, pseudo label, prediction and ground truth side by side."""
+
+
+@torch.no_grad()
+def validate(
+    model: WSSSModel,
+    dataset: VOCSegDataset,
+    cfg: Config,
+    device: torch.device,
+    max_images: int | None = None,
+    num_pictures: int = 4,
+) -> ValResult:
+    """Score the model on ``dataset``: multi-scale CAMs of the final and aux classifiers (thresholded at
+    ``cfg.cam.infer_bg_thresh``, image-level labels from the ground truth as in the WSSS literature) and
+    single-scale segmentation. One confusion-matrix implementation (:mod:`wsss.evaluation`) serves all.
+
+    Under ``torchrun`` every rank scores every ``world_size``-th image and the matrices are summed, so
+    all ranks must call this together; pictures come from rank 0's first images.
+    """
+    was_training = model.training
+    model.eval()
+    num_classes = len(dataset.classes)
+    matrices = {name: ConfusionMatrix(num_classes, device=device) for name in ("cam", "aux_cam", "seg")}
+    par = PAR(cfg.par.dilations, cfg.par.num_iter, cfg.par.w1, cfg.par.w2).to(device)
+    total = len(dataset) if max_images is None else min(max_images, len(dataset))
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    shard = Subset(dataset, range(rank, total, world))
+    loader = DataLoader(
+        shard,
+        batch_size=1,
+        num_workers=min(2, cfg.data.num_workers),
+        collate_fn=collate_list,
+        generator=torch.Generator(),  # leaves the global RNG stream (and so training) untouched
+    )
+    pictures = {}
+    for i, batch in enumerate(tqdm(loader, desc="val", leave=False, dynamic_ncols=True, disable=rank > 0)):
+        image = batch["image"][0][None].to(device)
+        gt = batch["mask"][0].to(device)
+        labels = labels_from_mask(gt, num_classes)[None]
+        size = image.shape[-2:]
+
+        def cam_fn(x: torch.Tensor, aux: bool = False) -> torch.Tensor:
+            return resize_to_image(model.cam(x, aux=aux), x.shape[-2:], model.stride)
+
+        cam = multiscale_cam(cam_fn, image, labels, cfg.cam.scales)
+        aux_cam = multiscale_cam(lambda x: cam_fn(x, aux=True), image, labels, cfg.cam.scales)
+        seg = resize_to_image(model(image).seg, size, model.stride).argmax(dim=1)
+        cam_pred = cam_to_label(cam, labels, cfg.cam.infer_bg_thresh)
+        matrices["cam"].update(cam_pred, gt[None])
+        matrices["aux_cam"].update(cam_to_label(aux_cam, labels, cfg.cam.infer_bg_thresh), gt[None])
+        matrices["seg"].update(seg, gt[None])
+        if rank == 0 and i < num_pictures:
+            raw = batch["raw"][0]
+            pseudo = pseudo_labels(
+                denormalize(image, dataset.mean, dataset.std), cam, labels, None, par,
+                cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale, cfg.data.ignore_index,
+            )  # fmt: skip
+            panels = [
+                raw,
+                cam_overlay(raw, cam[0][labels[0] > 0].cpu().numpy()),
+                mask_overlay(raw, pseudo[0].cpu().numpy()),
+                mask_overlay(raw, seg[0].cpu().numpy()),
+                mask_overlay(raw, gt.cpu().numpy()),
+            ]
+            pictures[str(batch["id"][0])] = np.concatenate(panels, axis=1)
+    if was_training:
+        model.train()
+    metrics, tables = {}, {}
+    for name, cm in matrices.items():
+        cm.all_reduce()
+        result = cm.compute(class_names=dataset.classes)
+        metrics[f"{name}_mIoU"] = result.summary["mIoU"]
+        tables[name] = result
+    return ValResult(metrics=metrics, tables=tables, pictures=pictures)
