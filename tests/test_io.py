@@ -78,3 +78,14 @@ def test_mask_roundtrip_palette_and_rgb_rejected(tmp_path):
     Image.fromarray(np.zeros((2, 2, 3), np.uint8)).save(tmp_path / "rgb.png")
     with pytest.raises(ValueError, match="rgb.png.*palette or grayscale"):
         read_mask(tmp_path / "rgb.png")
+
+
+def test_atomic_write_uses_normal_permissions(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "p.txt", "x")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "p.txt").stat().st_mode & 0o777 == 0o644

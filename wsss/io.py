@@ -26,6 +26,9 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[Any]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give outputs the usual permissions
     try:
         with os.fdopen(fd, mode) as f:
             yield f
