@@ -1,0 +1,272 @@
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from tools.make_toy_voc import main
+from wsss.data.classes import load_classes, voc_palette
+from wsss.data.labels import labels_from_masks, labels_from_xml
+from wsss.data.toy import (
+    CLASS_TEXTURES,
+    META_FILE,
+    TEXTURES,
+    TOY_CLASSES,
+    _ignore_band,
+    _texture,
+    annotation_xml,
+    generate_sample,
+    make_toy_voc,
+    save_contact_sheet,
+    toy_voc_is_complete,
+)
+from wsss.io import read_image, read_mask
+
+NUM_TRAIN, NUM_VAL = 8, 4
+SUBDIRS = (("JPEGImages", ".jpg"), ("SegmentationClass", ".png"), ("Annotations", ".xml"))
+
+
+@pytest.fixture(scope="module")
+def toy_root(tmp_path_factory) -> Path:
+    return make_toy_voc(tmp_path_factory.mktemp("toy") / "voc", num_train=NUM_TRAIN, num_val=NUM_VAL, seed=0)
+
+
+def _ids(root: Path, split: str) -> list[str]:
+    return (root / "ImageSets" / "Segmentation" / f"{split}.txt").read_text().split()
+
+
+def _all_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _objects(root: Path, image_id: str) -> tuple[ET.Element, list[dict]]:
+    tree = ET.parse(root / "Annotations" / f"{image_id}.xml").getroot()
+    objs = []
+    for o in tree.findall("object"):
+        box = o.find("bndbox")
+        objs.append({
+            "name": o.findtext("name"),
+            "difficult": int(o.findtext("difficult")),
+            "bbox": tuple(int(box.findtext(k)) for k in ("xmin", "ymin", "xmax", "ymax")),
+        })  # fmt: skip
+    return tree, objs
+
+
+def test_layout(toy_root):
+    train, val = _ids(toy_root, "train"), _ids(toy_root, "val")
+    assert len(train) == NUM_TRAIN and len(val) == NUM_VAL
+    assert not set(train) & set(val)
+    assert _ids(toy_root, "trainval") == train + val
+    for image_id in train + val:
+        for sub, ext in SUBDIRS:
+            assert (toy_root / sub / f"{image_id}{ext}").is_file(), (sub, image_id)
+    assert load_classes(toy_root / "classes.txt") == list(TOY_CLASSES)
+    assert TOY_CLASSES[0] == "background" and 5 <= len(TOY_CLASSES) - 1 <= 6
+    assert toy_voc_is_complete(toy_root, NUM_TRAIN, NUM_VAL, 0)
+    assert not toy_voc_is_complete(toy_root, NUM_TRAIN, NUM_VAL, 1)
+    assert not list(toy_root.rglob("*.tmp")), "temporary files left behind"
+
+
+def test_determinism(toy_root, tmp_path):
+    again = make_toy_voc(tmp_path / "again", num_train=NUM_TRAIN, num_val=NUM_VAL, seed=0)
+    assert _all_bytes(again) == _all_bytes(toy_root)
+    other = make_toy_voc(tmp_path / "other", num_train=NUM_TRAIN, num_val=NUM_VAL, seed=1)
+    for image_id in _ids(toy_root, "trainval"):
+        for sub, ext in SUBDIRS[:2]:
+            assert (other / sub / f"{image_id}{ext}").read_bytes() != (toy_root / sub / f"{image_id}{ext}").read_bytes()
+
+
+def test_more_images_keep_existing_ones(toy_root, tmp_path):
+    bigger = make_toy_voc(tmp_path / "bigger", num_train=NUM_TRAIN + 2, num_val=NUM_VAL + 1, seed=0)
+    for image_id in _ids(toy_root, "trainval"):
+        name = f"JPEGImages/{image_id}.jpg"
+        assert (bigger / name).read_bytes() == (toy_root / name).read_bytes()
+
+
+def test_images_and_masks(toy_root):
+    sizes = set()
+    palette = voc_palette().reshape(-1).tolist()
+    for image_id in _ids(toy_root, "trainval"):
+        image = read_image(toy_root / "JPEGImages" / f"{image_id}.jpg")
+        with Image.open(toy_root / "SegmentationClass" / f"{image_id}.png") as im:
+            assert im.mode == "P" and im.getpalette() == palette
+        mask = read_mask(toy_root / "SegmentationClass" / f"{image_id}.png")
+        h, w = mask.shape
+        assert image.shape == (h, w, 3)
+        assert 160 <= h <= 320 and 160 <= w <= 320 and h != w
+        sizes.add((h, w))
+        values = set(np.unique(mask).tolist())
+        assert values <= set(range(len(TOY_CLASSES))) | {255}
+        assert {0, 255} <= values and len(values - {0, 255}) >= 1
+        assert 0.005 < (mask == 255).mean() < 0.25
+        assert image.std() > 20, "image should be cluttered, not flat"
+    assert len(sizes) >= NUM_TRAIN
+
+
+def test_ignore_band_separates_every_boundary(toy_root):
+    """Pixels of two different labels are never within 2 px: a 255 band at least 4 px wide lies between."""
+    kernel = np.ones((5, 5), np.uint8)
+    for image_id in _ids(toy_root, "trainval"):
+        mask = read_mask(toy_root / "SegmentationClass" / f"{image_id}.png")
+        for v in np.unique(mask):
+            if v == 255:
+                continue
+            near = cv2.dilate((mask == v).astype(np.uint8), kernel).astype(bool)
+            others = (mask != v) & (mask != 255)
+            assert not (near & others).any(), (image_id, int(v))
+
+
+def test_ignore_band_rule():
+    """Hand-computed: pixels within 2 px (Chebyshev) of another instance are ignored, here columns 3-6."""
+    instances = np.zeros((10, 10), np.int32)
+    instances[:, 5:] = 1
+    instances[0:2, 0:2] = 2  # a second instance in the corner: band around it too
+    band = _ignore_band(instances)
+    expected = np.zeros((10, 10), bool)
+    expected[:, 3:7] = True
+    expected[0:4, 0:4] = True
+    np.testing.assert_array_equal(band, expected)
+
+
+def test_band_hugs_the_boundaries(toy_root):
+    """Ignore pixels lie next to labelled pixels: the band is a thin strip, not filled regions."""
+    far = []
+    for image_id in _ids(toy_root, "trainval"):
+        band = (read_mask(toy_root / "SegmentationClass" / f"{image_id}.png") == 255).astype(np.uint8)
+        dist = cv2.distanceTransform(band, cv2.DIST_L2, 5)  # distance of each band pixel to a labelled one
+        assert dist.max() <= 8.0, image_id  # thin object parts may be all band, but nothing wide
+        far.append(dist[band > 0] > 3.0)
+    assert np.concatenate(far).mean() < 0.03  # a 4 px band: 1-2 px from either side
+
+
+def test_labels_from_xml_equal_labels_from_masks(toy_root):
+    from_xml = labels_from_xml(toy_root / "Annotations", list(TOY_CLASSES))
+    from_masks = labels_from_masks(toy_root / "SegmentationClass", len(TOY_CLASSES))
+    assert from_xml.keys() == from_masks.keys() == set(_ids(toy_root, "trainval"))
+    for image_id, vec in from_xml.items():
+        np.testing.assert_array_equal(vec, from_masks[image_id])
+
+
+def test_xml_matches_mask(toy_root):
+    for image_id in _ids(toy_root, "trainval"):
+        mask = read_mask(toy_root / "SegmentationClass" / f"{image_id}.png")
+        h, w = mask.shape
+        tree, objs = _objects(toy_root, image_id)
+        assert tree.findtext("filename") == f"{image_id}.jpg"
+        size = tree.find("size")
+        assert (int(size.findtext("width")), int(size.findtext("height")), int(size.findtext("depth"))) == (
+            w,
+            h,
+            3,
+        )
+        assert 1 <= len(objs) <= 3
+        present = {TOY_CLASSES[v] for v in np.unique(mask) if 0 < v < len(TOY_CLASSES)}
+        assert {o["name"] for o in objs} == present, image_id
+        for o in objs:
+            assert o["difficult"] in (0, 1)
+            x0, y0, x1, y1 = o["bbox"]
+            assert 1 <= x0 < x1 <= w and 1 <= y0 < y1 <= h
+        for name in present:
+            ys, xs = np.nonzero(mask == TOY_CLASSES.index(name))
+            inside = np.zeros(len(xs), bool)
+            for o in objs:
+                if o["name"] == name:
+                    x0, y0, x1, y1 = o["bbox"]
+                    inside |= (xs + 1 >= x0) & (xs + 1 <= x1) & (ys + 1 >= y0) & (ys + 1 <= y1)
+            assert inside.all(), (image_id, name)
+
+
+def test_samples_cover_the_design():
+    """Over many draws: every class, 1-3 objects, occlusions, difficult objects, large enough objects."""
+    names, counts, difficult, occluded, fractions = set(), set(), 0, 0, []
+    for i in range(60):
+        s = generate_sample(np.random.default_rng((123, 0, i)))
+        h, w = s.mask.shape
+        counts.add(len(s.objects))
+        for o in s.objects:
+            names.add(o.name)
+            difficult += o.difficult
+            occluded += o.occluded
+            x0, y0, x1, y1 = o.bbox
+            in_box = s.mask[y0 - 1 : y1, x0 - 1 : x1] == TOY_CLASSES.index(o.name)
+            assert in_box.sum() >= 40, "every object keeps >= 40 labelled pixels (never hidden)"
+            if not o.difficult:
+                x0, y0, x1, y1 = o.bbox
+                fractions.append(max(x1 - x0 + 1, y1 - y0 + 1) / min(h, w))
+    assert names == set(TOY_CLASSES[1:])
+    assert counts == {1, 2, 3}
+    assert difficult >= 1 and occluded >= 3
+    assert 0.15 < np.median(fractions) < 0.6
+
+
+def test_class_fills():
+    """Each class has its own fill; patterned fills alternate between the two colours, plain ones do not."""
+    assert set(CLASS_TEXTURES) == set(TOY_CLASSES[1:])
+    assert len(set(CLASS_TEXTURES.values())) == len(CLASS_TEXTURES)
+    assert set(CLASS_TEXTURES.values()) <= set(TEXTURES)
+    black, white = np.zeros(3, np.float32), np.full(3, 255.0, np.float32)
+    for kind in TEXTURES:
+        fill = _texture(np.random.default_rng(0), kind, (black, white), (10, 20, 74, 84), (42.0, 52.0), 0.4)
+        assert fill.shape == (64, 64, 3)
+        grey = fill.mean(axis=2)
+        if kind in ("speckle", "stripes", "checker", "dots"):
+            assert (grey < 40).mean() > 0.1 and (grey > 215).mean() > 0.1, kind
+        else:
+            assert np.abs(np.diff(grey, axis=1)).mean() < 10, kind
+
+
+def test_annotation_xml_round_trip():
+    s = generate_sample(np.random.default_rng(7))
+    root = ET.fromstring(annotation_xml("x", s.mask.shape[1], s.mask.shape[0], s.objects))
+    assert [o.findtext("name") for o in root.findall("object")] == [o.name for o in s.objects]
+    assert [int(o.findtext("truncated")) for o in root.findall("object")] == [o.truncated for o in s.objects]
+
+
+def test_idempotent_and_regenerates_partial(tmp_path):
+    root = make_toy_voc(tmp_path / "voc", num_train=3, num_val=2, seed=0)
+    jpg = root / "JPEGImages" / "train_00000.jpg"
+    stamp = jpg.stat().st_mtime_ns
+    make_toy_voc(root, num_train=3, num_val=2, seed=0)
+    assert jpg.stat().st_mtime_ns == stamp, "a complete dataset must not be rewritten"
+
+    good = jpg.read_bytes()
+    jpg.write_bytes(b"garbage")
+    (root / META_FILE).unlink()  # as if interrupted before the marker was written
+    assert not toy_voc_is_complete(root, 3, 2, 0)
+    make_toy_voc(root, num_train=3, num_val=2, seed=0)
+    assert jpg.read_bytes() == good and (root / META_FILE).is_file()
+
+    (root / "Annotations" / "val_00001.xml").unlink()
+    assert not toy_voc_is_complete(root, 3, 2, 0)
+
+    make_toy_voc(root, num_train=2, num_val=1, seed=0)
+    assert not (root / "JPEGImages" / "train_00002.jpg").exists(), "stale images of old params removed"
+    assert not (root / "SegmentationClass" / "val_00001.png").exists()
+    assert _ids(root, "train") == ["train_00000", "train_00001"]
+
+
+def test_rejects_empty_splits(tmp_path):
+    with pytest.raises(ValueError, match="at least one"):
+        make_toy_voc(tmp_path / "voc", num_train=0, num_val=1)
+
+
+def test_contact_sheet(toy_root, tmp_path):
+    path = tmp_path / "sheet.png"
+    save_contact_sheet(toy_root, path, _ids(toy_root, "train")[:4])
+    with Image.open(path) as im:
+        assert im.mode == "P" and im.height > 2 * 150
+
+
+def test_cli(tmp_path, capsys):
+    out, sheet = tmp_path / "voc", tmp_path / "sheet.png"
+    assert main([str(out), "--num-train", "3", "--num-val", "2", "--seed", "5", "--sheet", str(sheet)]) == 0
+    first = capsys.readouterr().out.strip()
+    assert first.count("\n") == 0 and "3 train + 2 val" in first and "generated" in first
+    assert sheet.is_file() and toy_voc_is_complete(out, 3, 2, 5)
+    assert main([str(out), "--num-train", "3", "--num-val", "2", "--seed", "5"]) == 0
+    assert "already complete" in capsys.readouterr().out
+    assert main([str(out), "--num-train", "0"]) == 2

@@ -1,0 +1,604 @@
+"""A small synthetic dataset in PASCAL VOC 2012 layout: the default that ``make demo`` and the tests use.
+
+Real VOC cannot be downloaded everywhere, so :func:`make_toy_voc` writes a stand-in with the same files
+and conventions (``../../shared/DESIGN.md`` section 4)::
+
+    OUT_DIR/JPEGImages/<id>.jpg              RGB, 160-320 px per side, never square
+    OUT_DIR/SegmentationClass/<id>.png       palette PNG, class indices, 255 = ignore band on boundaries
+    OUT_DIR/Annotations/<id>.xml             VOC XML: size, one <object> per instance, 1-based <bndbox>
+    OUT_DIR/ImageSets/Segmentation/{train,val,trainval}.txt
+    OUT_DIR/classes.txt                      background first, one name per line
+    OUT_DIR/toy_meta.json                    generator parameters, written last (marks the set complete)
+
+Classes are shape and texture families, each shape with its own fill: ``disc`` (speckled), ``ring``
+(solid), ``triangle`` (checkerboard), ``cross`` (polka dots), ``star`` (soft gradient) and
+``striped_square`` (stripes along its sides). The colours of every object, of the background and of the
+distractors come from one shared distribution, so colour says nothing about the class.
+
+Design trade-off: hard enough that localisation is not trivial, easy enough to learn in minutes.
+The demo trains a small ViT from scratch on 2 CPU cores for 5-8 minutes from image-level labels and
+aims at >= 60 % val mIoU (background included), so:
+
+* Harder: a textured background (two-colour gradient, low and mid frequency noise, pixel noise, a
+  lighting field); 3-8 distractor shapes behind the objects that belong to no class (irregular blobs,
+  long bars, elongated ellipses, plain oblong rectangles, thin lines, dot clusters), a quarter of the
+  blobs, bars and ellipses wearing a class's patterned fill, so a fill alone does not make a class and
+  ``ring`` and ``star`` (plain fills, like most distractors) are told by shape only; no distractor is
+  near-square, disc-like or star-like; random rotation (patterns turn with the object) and scale;
+  overlapping objects (the mask follows the drawing order); rings whose hole shows what lies behind;
+  objects truncated by the image border; JPEG artefacts. A CAM has to separate the objects from
+  similar clutter and tends to fill ring holes and blur thin boundaries, as on real data.
+* Learnable: a fill per class is a cue that a 16 px patch embedding picks up within minutes and that
+  covers the whole object (shape alone is learnt slowly from 400 images and gives CAMs on corners and
+  tips only). 1-3 objects per image (mostly 1-2), each 28-50 % of the short side (3-10 patches of
+  16 px); every object contrasts with what lies under it, and the two colours of a fill differ in
+  brightness (JPEG halves colour resolution, so hue-only patterns would fade); at least 25 % of each
+  object stays visible (never fully hidden, so the XML, the image-level label and the mask always
+  agree); distractors sit behind the objects; only 6 foreground classes.
+* VOC-like details: a 255 band 4-5 px wide on every instance boundary (also between two touching
+  objects of the same class, and around ring holes); ``difficult=1`` on tiny objects (12-17 % of the
+  short side, ~6 % of objects) and on heavily occluded ones (< 40 % visible); both are still labelled
+  in the mask and listed in the XML, as VOC lists every object.
+
+Generation is deterministic: image ``i`` of a split draws from ``numpy.random.default_rng((seed, split,
+i))``, so the same seed gives byte-identical files (PIL's JPEG and PNG encoders are deterministic), and
+adding images never changes the existing ones. Drawing takes about 25 ms per image; the default
+400 + 100 images take about 18 s on a busy 2-core machine, atomic (fsync'ed) writes included.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import io
+import json
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from wsss.data.classes import voc_palette
+from wsss.io import atomic_write_bytes, atomic_write_text, read_image, read_mask, save_image, save_mask
+
+TOY_CLASSES = ("background", "disc", "ring", "triangle", "cross", "star", "striped_square")
+TOY_VERSION = 1
+"""Bump when the generated images change, so cached datasets regenerate."""
+
+IGNORE_INDEX = 255
+META_FILE = "toy_meta.json"
+SPLITS = ("train", "val")
+
+TEXTURES = ("solid", "gradient", "speckle", "stripes", "checker", "dots")
+CLASS_TEXTURES = {
+    "disc": "speckle",
+    "ring": "solid",
+    "triangle": "checker",
+    "cross": "dots",
+    "star": "gradient",
+    "striped_square": "stripes",
+}
+"""Each class has its own fill. Distractors are solid or gradient, or borrow a patterned fill."""
+
+_SIDE_RANGE = (160, 320)
+_MIN_ASPECT_GAP = 24  # px: |W - H| at least this, so no image is (nearly) square
+_NUM_OBJECTS_P = (0.45, 0.35, 0.20)  # 1, 2, 3 objects
+_OBJECT_DIAMETER = (0.28, 0.50)  # fraction of the short side
+_TINY_DIAMETER = (0.12, 0.17)
+_TINY_P = 0.06
+_MIN_VISIBLE = 0.25  # visible / in-frame area of each object
+_DIFFICULT_VISIBLE = 0.40
+_MIN_INTERIOR_PX = 40  # labelled pixels left once the ignore band is cut out
+_BAND_RADIUS = 2  # ignore band: pixels within 2 px (Chebyshev) of another instance
+_MIN_CONTRAST = 70.0  # RGB distance between an object's colour and what lies under it
+_BORROWED_TEXTURE_P = 0.25  # distractors with a class's patterned fill (speckle, stripes, checker, dots)
+_NUM_DISTRACTORS = (3, 8)
+_BACKGROUND_GRAIN = (6.0, 16.0)  # amplitude of the 4-10 px background noise
+_SUPERSAMPLE = 4
+_ID_PATTERN = re.compile(r"^(train|val)_\d{5}$")
+
+
+@dataclass
+class ToyObject:
+    """One annotated instance. ``bbox`` is VOC style: 1-based inclusive (xmin, ymin, xmax, ymax)."""
+
+    name: str
+    bbox: tuple[int, int, int, int]
+    difficult: bool
+    truncated: bool
+    occluded: bool
+
+
+@dataclass
+class ToySample:
+    """One generated image: ``image`` (H, W, 3) uint8 RGB, ``mask`` (H, W) uint8 class indices or 255."""
+
+    image: np.ndarray
+    mask: np.ndarray
+    objects: list[ToyObject]
+
+
+@dataclass
+class _Shape:
+    cls: int
+    center: tuple[float, float]
+    radius: float
+    angle: float
+    tiny: bool
+    alpha: np.ndarray  # (H, W) float32 coverage in [0, 1]
+    box: tuple[int, int, int, int]  # x0, y0, x1, y1 (exclusive) of the in-frame coverage
+    truncated: bool
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Geometry: every shape is a list of (polygon, fill) drawn in order; fill 0 cuts holes.
+
+
+def _circle(r: float, n: int = 96) -> np.ndarray:
+    t = np.linspace(0.0, 2.0 * np.pi, n, endpoint=False)
+    return np.stack([r * np.cos(t), r * np.sin(t)], axis=1)
+
+
+def _regular_star(points: int, inner: float) -> np.ndarray:
+    t = np.pi / 2 + np.arange(2 * points) * np.pi / points
+    r = np.where(np.arange(2 * points) % 2 == 0, 1.0, inner)
+    return np.stack([r * np.cos(t), -r * np.sin(t)], axis=1)
+
+
+def _class_polygons(name: str, rng: np.random.Generator) -> list[tuple[np.ndarray, int]]:
+    """Unit-radius polygons of a class, centred on the origin, before rotation."""
+    if name == "disc":
+        return [(_circle(1.0), 1)]
+    if name == "ring":
+        return [(_circle(1.0), 1), (_circle(rng.uniform(0.45, 0.6)), 0)]
+    if name == "triangle":
+        t = np.pi / 2 + np.arange(3) * 2 * np.pi / 3
+        return [(np.stack([np.cos(t), -np.sin(t)], axis=1), 1)]
+    if name == "cross":
+        w = rng.uniform(0.28, 0.36)
+        pts = [(w, 1), (w, w), (1, w), (1, -w), (w, -w), (w, -1), (-w, -1), (-w, -w), (-1, -w), (-1, w),
+               (-w, w), (-w, 1)]  # fmt: skip
+        return [(np.asarray(pts, dtype=np.float64), 1)]
+    if name == "star":
+        return [(_regular_star(5, rng.uniform(0.42, 0.5)), 1)]
+    if name == "striped_square":
+        s = 0.8
+        return [(np.asarray([(-s, -s), (s, -s), (s, s), (-s, s)], dtype=np.float64), 1)]
+    raise ValueError(f"unknown toy class {name!r}; expected one of {TOY_CLASSES[1:]}")
+
+
+def _distractor_polygons(kind: str, rng: np.random.Generator) -> list[tuple[np.ndarray, int]]:
+    """Unit-radius polygons of a background shape that is none of the classes."""
+    if kind == "blob":
+        n = 48
+        t = np.linspace(0.0, 2.0 * np.pi, n, endpoint=False)
+        r = np.ones(n)
+        for k in (2, 3, 4):
+            r += rng.uniform(0.08, 0.25) * np.cos(k * t + rng.uniform(0, 2 * np.pi))
+        r /= r.max()
+        return [(np.stack([r * np.cos(t), r * np.sin(t)], axis=1), 1)]
+    if kind == "bar":
+        h = 1.0 / rng.uniform(3.0, 6.0)
+        return [(np.asarray([(-1, -h), (1, -h), (1, h), (-1, h)], dtype=np.float64), 1)]
+    if kind == "ellipse":
+        c = _circle(1.0)
+        c[:, 1] /= rng.uniform(1.8, 3.0)
+        return [(c, 1)]
+    if kind == "rectangle":  # never near-square and never striped: a square needs stripes to be a class
+        h = 1.0 / rng.uniform(1.5, 2.5)
+        return [(np.asarray([(-0.8, -0.8 * h), (0.8, -0.8 * h), (0.8, 0.8 * h), (-0.8, 0.8 * h)]), 1)]
+    if kind == "line":
+        h = 0.03
+        return [(np.asarray([(-1, -h), (1, -h), (1, h), (-1, h)], dtype=np.float64), 1)]
+    if kind == "dots":
+        polys = []
+        for _ in range(int(rng.integers(4, 9))):
+            c = rng.uniform(-0.8, 0.8, size=2)
+            polys.append((_circle(rng.uniform(0.08, 0.16), 24) + c, 1))
+        return polys
+    raise ValueError(f"unknown distractor kind {kind!r}")
+
+
+_DISTRACTOR_KINDS = ("blob", "bar", "ellipse", "rectangle", "line", "dots")
+
+
+def _rasterize(
+    polygons: list[tuple[np.ndarray, int]],
+    center: tuple[float, float],
+    radius: float,
+    angle: float,
+    height: int,
+    width: int,
+) -> tuple[np.ndarray, tuple[int, int, int, int], bool]:
+    """Anti-aliased coverage (H, W) of rotated, scaled polygons; also the in-frame box and truncation."""
+    rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    placed = [(p @ rot.T * radius + np.asarray(center), v) for p, v in polygons]
+    allpts = np.concatenate([p for p, _ in placed])
+    lo, hi = allpts.min(axis=0), allpts.max(axis=0)
+    truncated = bool(lo[0] < 0 or lo[1] < 0 or hi[0] > width or hi[1] > height)
+    x0, y0 = max(int(np.floor(lo[0])), 0), max(int(np.floor(lo[1])), 0)
+    x1, y1 = min(int(np.ceil(hi[0])) + 1, width), min(int(np.ceil(hi[1])) + 1, height)
+    alpha = np.zeros((height, width), np.float32)
+    if x1 <= x0 or y1 <= y0:
+        return alpha, (0, 0, 0, 0), truncated
+    s = _SUPERSAMPLE
+    canvas = np.zeros(((y1 - y0) * s, (x1 - x0) * s), np.uint8)
+    for pts, value in placed:
+        q = np.round((pts - (x0, y0)) * s - 0.5).astype(np.int32)
+        cv2.fillPoly(canvas, [q], 255 if value else 0)
+    alpha[y0:y1, x0:x1] = cv2.resize(canvas, (x1 - x0, y1 - y0), interpolation=cv2.INTER_AREA) / 255.0
+    return alpha, (x0, y0, x1, y1), truncated
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Appearance
+
+
+def _random_colour(rng: np.random.Generator) -> np.ndarray:
+    """The colour distribution shared by objects, distractors and background."""
+    h, s, v = rng.uniform(0.0, 1.0), rng.uniform(0.25, 1.0), rng.uniform(0.25, 1.0)
+    return np.asarray(colorsys.hsv_to_rgb(h, s, v), dtype=np.float32) * 255.0
+
+
+def _smooth_noise(rng: np.random.Generator, height: int, width: int, cell: float) -> np.ndarray:
+    """(H, W) float32 noise with unit-ish amplitude and features about ``cell`` px large."""
+    gh, gw = int(np.ceil(height / cell)) + 2, int(np.ceil(width / cell)) + 2
+    grid = rng.standard_normal((gh, gw)).astype(np.float32)
+    big = cv2.resize(grid, (int(gw * cell), int(gh * cell)), interpolation=cv2.INTER_CUBIC)
+    oy, ox = int(rng.integers(0, int(cell) + 1)), int(rng.integers(0, int(cell) + 1))
+    return big[oy : oy + height, ox : ox + width]
+
+
+def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """(H, W, 3) float32: two-colour gradient plus low and mid frequency noise."""
+    c0, c1 = _random_colour(rng), _random_colour(rng)
+    theta = rng.uniform(0, 2 * np.pi)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    proj = xx * np.cos(theta) + yy * np.sin(theta)
+    t = ((proj - proj.min()) / max(float(np.ptp(proj)), 1.0))[..., None]
+    img = c0 * (1 - t) + c1 * t
+    low = np.stack([_smooth_noise(rng, height, width, rng.uniform(40, 90)) for _ in range(3)], axis=-1)
+    mid = _smooth_noise(rng, height, width, rng.uniform(4, 10))[..., None]
+    return img + 25.0 * low + rng.uniform(*_BACKGROUND_GRAIN) * mid
+
+
+def _texture(
+    rng: np.random.Generator,
+    kind: str,
+    colours: tuple[np.ndarray, np.ndarray],
+    box: tuple[int, int, int, int],
+    center: tuple[float, float],
+    angle: float,
+) -> np.ndarray:
+    """(h, w, 3) float32 fill of the box in one of :data:`TEXTURES`; patterns turn with ``angle``."""
+    x0, y0, x1, y1 = box
+    h, w = y1 - y0, x1 - x0
+    a, b = colours
+    if kind == "solid":
+        return np.broadcast_to(a, (h, w, 3)) + 5.0 * rng.standard_normal((h, w, 1)).astype(np.float32)
+    if kind == "speckle":
+        t = np.clip(_smooth_noise(rng, h, w, rng.uniform(3.0, 5.0)) * 2.0, 0, 1)[..., None]
+        return a * (1 - t) + b * t
+    yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+    if kind == "gradient":
+        theta = rng.uniform(0, 2 * np.pi)
+        proj = xx * np.cos(theta) + yy * np.sin(theta)
+        t = ((proj - proj.min()) / max(float(np.ptp(proj)), 1.0))[..., None]
+        return a * (1 - t) + (a * 0.6 + b * 0.4) * t
+    # periodic patterns in object coordinates (u along the object's rotated x axis)
+    u = (xx - center[0]) * np.cos(angle) + (yy - center[1]) * np.sin(angle)
+    v = -(xx - center[0]) * np.sin(angle) + (yy - center[1]) * np.cos(angle)
+    if kind == "stripes":
+        period = rng.uniform(6.0, 10.0)
+        wave = np.sin(2 * np.pi * u / period + rng.uniform(0, 2 * np.pi))
+    elif kind == "checker":
+        period = rng.uniform(10.0, 14.0)  # two cells per period
+        wave = np.sin(2 * np.pi * u / period) * np.sin(2 * np.pi * v / period) * 2.0
+    elif kind == "dots":
+        period = rng.uniform(8.0, 11.0)
+        du = (u / period + 0.5) % 1.0 - 0.5
+        dv = (v / period + 0.5) % 1.0 - 0.5
+        wave = (0.3 - np.sqrt(du**2 + dv**2)) * 8.0  # disc of radius 0.3 period
+    else:
+        raise ValueError(f"unknown texture {kind!r}; expected one of {TEXTURES}")
+    t = np.clip(0.5 + 2.0 * wave, 0, 1)[..., None]
+    return a * (1 - t) + b * t
+
+
+def _contrasting_colours(
+    rng: np.random.Generator, under: np.ndarray, min_contrast: float = _MIN_CONTRAST
+) -> tuple[np.ndarray, np.ndarray]:
+    """A colour at least ``min_contrast`` from ``under`` (best of 30 draws) and a partner for its texture."""
+    best, best_d = None, -1.0
+    for _ in range(30):
+        c = _random_colour(rng)
+        d = float(np.linalg.norm(c - under))
+        if d > best_d:
+            best, best_d = c, d
+        if d >= min_contrast:
+            break
+    return best, _partner_colour(rng, best)
+
+
+def _partner_colour(rng: np.random.Generator, first: np.ndarray) -> np.ndarray:
+    """A second texture colour that differs from ``first`` in brightness, not only in hue (best of 30).
+
+    JPEG keeps colour at half resolution, so stripes and speckles that differ only in hue would fade.
+    """
+    luma = np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
+    best, best_score = None, -1.0
+    for _ in range(30):
+        c = _random_colour(rng)
+        score = min(float(np.linalg.norm(c - first)) / 90.0, abs(float(luma @ (c - first))) / 50.0)
+        if score > best_score:
+            best, best_score = c, score
+        if score >= 1.0:
+            break
+    return best
+
+
+def _composite(img: np.ndarray, alpha: np.ndarray, box: tuple[int, int, int, int], fill: np.ndarray) -> None:
+    x0, y0, x1, y1 = box
+    a = alpha[y0:y1, x0:x1, None]
+    img[y0:y1, x0:x1] = img[y0:y1, x0:x1] * (1 - a) + fill * a
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One sample
+
+
+def _ignore_band(instances: np.ndarray, radius: int = _BAND_RADIUS) -> np.ndarray:
+    """(H, W) bool: pixels within ``radius`` px of a pixel of another instance (background included)."""
+    kernel = np.ones((2 * radius + 1, 2 * radius + 1), np.uint8)
+    inst = instances.astype(np.uint8)
+    return cv2.dilate(inst, kernel) != cv2.erode(inst, kernel)
+
+
+def _layout(rng: np.random.Generator, height: int, width: int) -> tuple[list[_Shape], np.ndarray]:
+    """Objects (in drawing order) and their instance map (H, W) int (0 = background, k = object k-1).
+
+    Resamples until every object keeps enough visible pixels outside the ignore band; drops an object
+    after repeated failures, never below one.
+    """
+    short = min(height, width)
+    n = int(rng.choice(len(_NUM_OBJECTS_P), p=_NUM_OBJECTS_P)) + 1
+    for attempt in range(200):
+        if attempt and attempt % 50 == 0 and n > 1:
+            n -= 1
+        shapes = []
+        for _ in range(n):
+            cls = int(rng.integers(1, len(TOY_CLASSES)))
+            tiny = bool(rng.random() < _TINY_P)
+            radius = 0.5 * short * rng.uniform(*(_TINY_DIAMETER if tiny else _OBJECT_DIAMETER))
+            cx = rng.uniform(0.5 * radius, width - 0.5 * radius)
+            cy = rng.uniform(0.5 * radius, height - 0.5 * radius)
+            angle = rng.uniform(0, 2 * np.pi)
+            polys = _class_polygons(TOY_CLASSES[cls], rng)
+            alpha, box, truncated = _rasterize(polys, (cx, cy), radius, angle, height, width)
+            shapes.append(_Shape(cls, (cx, cy), radius, angle, tiny, alpha, box, truncated))
+        instances = np.zeros((height, width), np.int32)
+        for k, s in enumerate(shapes):
+            instances[s.alpha >= 0.5] = k + 1
+        band = _ignore_band(instances)
+        ok = True
+        for k, s in enumerate(shapes):
+            full = int((s.alpha >= 0.5).sum())
+            visible = instances == k + 1
+            if full == 0 or visible.sum() < _MIN_VISIBLE * full or (visible & ~band).sum() < _MIN_INTERIOR_PX:
+                ok = False
+                break
+        if ok:
+            return shapes, instances
+    raise RuntimeError("could not place objects; image too small for the object sizes")
+
+
+def generate_sample(rng: np.random.Generator) -> ToySample:
+    """Draw one image, its mask and its objects from ``rng``.
+
+    Returns:
+        The image (H, W, 3) uint8, the mask (H, W) uint8 with values in {0..len(TOY_CLASSES)-1, 255},
+        and the objects in drawing order (later ones occlude earlier ones).
+    """
+    while True:
+        width, height = (int(v) for v in rng.integers(_SIDE_RANGE[0], _SIDE_RANGE[1] + 1, size=2))
+        if abs(width - height) >= _MIN_ASPECT_GAP:
+            break
+    short = min(height, width)
+    img = _background(rng, height, width)
+
+    for _ in range(int(rng.integers(_NUM_DISTRACTORS[0], _NUM_DISTRACTORS[1] + 1))):
+        kind = _DISTRACTOR_KINDS[int(rng.integers(len(_DISTRACTOR_KINDS)))]
+        radius = 0.5 * short * rng.uniform(0.12, 0.4 if kind not in ("line", "bar") else 0.7)
+        center = (rng.uniform(0, width), rng.uniform(0, height))
+        angle = rng.uniform(0, 2 * np.pi)
+        alpha, box, _ = _rasterize(_distractor_polygons(kind, rng), center, radius, angle, height, width)
+        if box[2] <= box[0] or box[3] <= box[1]:
+            continue
+        if kind in ("blob", "bar", "ellipse") and rng.random() < _BORROWED_TEXTURE_P:
+            texture = ("speckle", "stripes", "checker", "dots")[int(rng.integers(4))]
+        else:
+            texture = ("solid", "gradient")[int(rng.integers(2))]
+        first = _random_colour(rng)
+        colours = (first, _partner_colour(rng, first))
+        _composite(img, alpha, box, _texture(rng, texture, colours, box, center, angle))
+
+    shapes, instances = _layout(rng, height, width)
+    for s in shapes:
+        x0, y0, x1, y1 = s.box
+        a = s.alpha[y0:y1, x0:x1]
+        under = (img[y0:y1, x0:x1] * a[..., None]).sum(axis=(0, 1)) / max(float(a.sum()), 1e-6)
+        colours = _contrasting_colours(rng, under)
+        texture = CLASS_TEXTURES[TOY_CLASSES[s.cls]]
+        _composite(img, s.alpha, s.box, _texture(rng, texture, colours, s.box, s.center, s.angle))
+
+    light = 1.0 + 0.12 * _smooth_noise(rng, height, width, rng.uniform(80, 160))
+    img = img * light[..., None] + 4.0 * rng.standard_normal((height, width, 1)).astype(np.float32)
+    image = np.clip(np.round(img), 0, 255).astype(np.uint8)
+
+    band = _ignore_band(instances)
+    classes = np.asarray([0] + [s.cls for s in shapes], dtype=np.uint8)
+    mask = classes[instances]
+    mask[band] = IGNORE_INDEX
+
+    objects = []
+    for k, s in enumerate(shapes):
+        ys, xs = np.nonzero(instances == k + 1)
+        full = int((s.alpha >= 0.5).sum())
+        visible_frac = len(xs) / full
+        objects.append(ToyObject(
+            name=TOY_CLASSES[s.cls],
+            bbox=(int(xs.min()) + 1, int(ys.min()) + 1, int(xs.max()) + 1, int(ys.max()) + 1),
+            difficult=s.tiny or visible_frac < _DIFFICULT_VISIBLE,
+            truncated=s.truncated,
+            occluded=visible_frac < 0.95,
+        ))  # fmt: skip
+    return ToySample(image=image, mask=mask, objects=objects)
+
+
+def annotation_xml(image_id: str, width: int, height: int, objects: list[ToyObject]) -> str:
+    """The VOC ``Annotations/<id>.xml`` text of one image."""
+    root = ET.Element("annotation")
+    ET.SubElement(root, "folder").text = "ToyVOC"
+    ET.SubElement(root, "filename").text = f"{image_id}.jpg"
+    source = ET.SubElement(root, "source")
+    ET.SubElement(source, "database").text = "wsss toy VOC"
+    size = ET.SubElement(root, "size")
+    for tag, value in (("width", width), ("height", height), ("depth", 3)):
+        ET.SubElement(size, tag).text = str(value)
+    ET.SubElement(root, "segmented").text = "1"
+    for obj in objects:
+        node = ET.SubElement(root, "object")
+        ET.SubElement(node, "name").text = obj.name
+        ET.SubElement(node, "pose").text = "Unspecified"
+        ET.SubElement(node, "truncated").text = str(int(obj.truncated))
+        ET.SubElement(node, "occluded").text = str(int(obj.occluded))
+        ET.SubElement(node, "difficult").text = str(int(obj.difficult))
+        box = ET.SubElement(node, "bndbox")
+        for tag, value in zip(("xmin", "ymin", "xmax", "ymax"), obj.bbox, strict=True):
+            ET.SubElement(box, tag).text = str(value)
+    ET.indent(root, space="\t")
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The dataset on disk
+
+
+def _split_ids(num_train: int, num_val: int) -> dict[str, list[str]]:
+    return {
+        "train": [f"train_{i:05d}" for i in range(num_train)],
+        "val": [f"val_{i:05d}" for i in range(num_val)],
+    }
+
+
+def _meta(num_train: int, num_val: int, seed: int) -> dict:
+    return {
+        "generator": "wsss.data.toy",
+        "version": TOY_VERSION,
+        "num_train": num_train,
+        "num_val": num_val,
+        "seed": seed,
+        "classes": list(TOY_CLASSES),
+    }
+
+
+def toy_voc_is_complete(out_dir: str | Path, num_train: int = 400, num_val: int = 100, seed: int = 0) -> bool:
+    """True when ``out_dir`` holds a finished toy dataset made with these parameters (and this version)."""
+    out_dir = Path(out_dir)
+    try:
+        meta = json.loads((out_dir / META_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    if meta != _meta(num_train, num_val, seed):
+        return False
+    ids = [i for split in _split_ids(num_train, num_val).values() for i in split]
+    return all(
+        (out_dir / sub / f"{i}{ext}").is_file()
+        for i in ids
+        for sub, ext in (("JPEGImages", ".jpg"), ("SegmentationClass", ".png"), ("Annotations", ".xml"))
+    )
+
+
+def make_toy_voc(out_dir: str | Path, num_train: int = 400, num_val: int = 100, seed: int = 0) -> Path:
+    """Write the toy dataset in VOC layout into ``out_dir`` (see the module docstring) and return it.
+
+    Idempotent: a complete dataset with the same parameters is left as it is. Otherwise the marker
+    ``toy_meta.json`` is removed first and written last, so an interrupted run is redone next time;
+    files of toy ids that the new parameters no longer use are deleted. Every file is written atomically.
+
+    Raises:
+        ValueError: ``num_train`` < 1 or ``num_val`` < 1.
+    """
+    if num_train < 1 or num_val < 1:
+        raise ValueError(f"need at least one train and one val image, got {num_train=} {num_val=}")
+    out_dir = Path(out_dir)
+    if toy_voc_is_complete(out_dir, num_train, num_val, seed):
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / META_FILE).unlink(missing_ok=True)
+
+    ids = _split_ids(num_train, num_val)
+    palette = voc_palette()
+    for split_index, split in enumerate(SPLITS):
+        for i, image_id in enumerate(ids[split]):
+            sample = generate_sample(np.random.default_rng((seed, split_index, i)))
+            h, w = sample.mask.shape
+            save_image(out_dir / "JPEGImages" / f"{image_id}.jpg", sample.image, quality=90)
+            save_mask(out_dir / "SegmentationClass" / f"{image_id}.png", sample.mask, palette)
+            xml_text = annotation_xml(image_id, w, h, sample.objects)
+            atomic_write_text(out_dir / "Annotations" / f"{image_id}.xml", xml_text)
+
+    keep = {i for split in ids.values() for i in split}
+    for sub in ("JPEGImages", "SegmentationClass", "Annotations"):
+        for path in sorted((out_dir / sub).iterdir()):
+            if _ID_PATTERN.match(path.stem) and path.stem not in keep:
+                path.unlink()
+
+    sets = out_dir / "ImageSets" / "Segmentation"
+    for split in SPLITS:
+        atomic_write_text(sets / f"{split}.txt", "".join(f"{i}\n" for i in ids[split]))
+    atomic_write_text(sets / "trainval.txt", "".join(f"{i}\n" for split in SPLITS for i in ids[split]))
+    atomic_write_text(out_dir / "classes.txt", "".join(f"{c}\n" for c in TOY_CLASSES))
+    atomic_write_text(out_dir / META_FILE, json.dumps(_meta(num_train, num_val, seed), indent=2) + "\n")
+    return out_dir
+
+
+def save_contact_sheet(root: str | Path, path: str | Path, ids: list[str], tile_height: int = 150) -> None:
+    """Write a PNG grid of images from a VOC-layout ``root``, each beside its mask overlay.
+
+    The overlay blends the VOC palette colour of each class into the image, paints the ignore band
+    white and names the image's classes; two image/overlay pairs per row.
+    """
+    root = Path(root)
+    palette = voc_palette().astype(np.float32)
+    pairs = []
+    for image_id in ids:
+        image = read_image(root / "JPEGImages" / f"{image_id}.jpg")
+        mask = read_mask(root / "SegmentationClass" / f"{image_id}.png")
+        overlay = image.astype(np.float32)
+        fg = (mask > 0) & (mask != IGNORE_INDEX)
+        overlay[fg] = 0.35 * overlay[fg] + 0.65 * palette[mask[fg]]
+        overlay[mask == IGNORE_INDEX] = 255.0
+        overlay = overlay.astype(np.uint8)
+        names = [TOY_CLASSES[c] for c in np.unique(mask) if 0 < c < len(TOY_CLASSES)]
+        for colour, thickness in (((0, 0, 0), 2), ((255, 255, 255), 1)):
+            cv2.putText(overlay, " ".join(names), (3, 12), cv2.FONT_HERSHEY_SIMPLEX, 0.35, colour, thickness)
+        scale = tile_height / image.shape[0]
+        size = (round(image.shape[1] * scale), tile_height)
+        pair = [cv2.resize(t, size, interpolation=cv2.INTER_AREA) for t in (image, overlay)]
+        pairs.append(np.concatenate([pair[0], np.full((tile_height, 2, 3), 255, np.uint8), pair[1]], axis=1))
+    gap = 6
+    rows = [pairs[r : r + 2] for r in range(0, len(pairs), 2)]
+    row_width = max(sum(p.shape[1] for p in row) + gap * (len(row) - 1) for row in rows)
+    sheet = np.full((len(rows) * (tile_height + gap) - gap, row_width, 3), 255, np.uint8)
+    for r, row in enumerate(rows):
+        x = 0
+        for p in row:
+            sheet[r * (tile_height + gap) : r * (tile_height + gap) + tile_height, x : x + p.shape[1]] = p
+            x += p.shape[1] + gap
+    im = Image.fromarray(sheet).quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    buf = io.BytesIO()
+    im.save(buf, format="PNG", optimize=True)
+    atomic_write_bytes(path, buf.getvalue())
