@@ -86,7 +86,7 @@ class Step:
         loss_aux = multilabel_soft_margin(out.aux_logits.float(), labels)
         loss = loss_cls + cfg.loss.aux_weight * loss_aux
         parts = {"cls": loss_cls.item(), "aux": loss_aux.item()}
-        if it < cfg.loss.seg_start_iter:
+        if it < cfg.loss.seg_start_iter or cfg.loss.seg_weight == cfg.loss.reg_weight == 0:
             # Keep the decoder in the graph so DDP sees a gradient (zero) for every parameter.
             return loss + 0.0 * out.seg.float().sum(), parts
 
@@ -101,9 +101,12 @@ class Step:
         )  # fmt: skip
         seg = F.interpolate(out.seg.float(), size=(h, w), mode="bilinear", align_corners=False)
         loss_seg = balanced_seg_ce(seg, target, cfg.data.ignore_index)
-        loss_reg = self.energy(rgb01 * 255.0, seg.softmax(dim=1), valid, target)
-        loss = loss + cfg.loss.seg_weight * loss_seg + cfg.loss.reg_weight * loss_reg
-        parts.update(seg=loss_seg.item(), reg=loss_reg.item())
+        loss = loss + cfg.loss.seg_weight * loss_seg
+        parts["seg"] = loss_seg.item()
+        if cfg.loss.reg_weight > 0:
+            loss_reg = self.energy(rgb01 * 255.0, seg.softmax(dim=1), valid, target)
+            loss = loss + cfg.loss.reg_weight * loss_reg
+            parts["reg"] = loss_reg.item()
         return loss, parts
 
 
