@@ -1,0 +1,269 @@
+"""The ViT backbone: a timm VisionTransformer with an attention variant swapped into chosen blocks.
+
+Built with ``timm.create_model(..., dynamic_img_size=True, dynamic_img_pad=True, num_classes=0)``, so any
+input size works: the position embedding is resampled to the input grid at every forward, and a size that
+is not a multiple of the patch size is zero-padded on the right and bottom by timm's patch embedding (the
+token grid is then ``ceil(H / p) x ceil(W / p)`` and covers the padded image).
+
+Pretrained weights are loaded into the plain timm model before the swap, so timm checkpoints load with
+strict key matching and the parameters a variant adds (GFSA weights, ContraNorm LayerNorms) keep their
+neutral initialisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from timm.models import clean_state_dict
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+from torch import nn
+
+from wsss.config import AttentionConfig
+from wsss.models.attention import FirstValues, get_variant, link_first_values
+
+__all__ = [
+    "BackboneOutput",
+    "ViTBackbone",
+    "apply_attention_variant",
+    "build_backbone",
+    "create_vit",
+    "load_timm_checkpoint",
+    "resolve_block_indices",
+]
+
+
+@dataclass
+class BackboneOutput:
+    """Patch-token maps of one forward pass.
+
+    Attributes:
+        features: (B, D, h, w) final tokens after the final norm; None for an early-stopped pass.
+        intermediates: (B, D, h, w) tokens of each requested block, without the final norm.
+    """
+
+    features: torch.Tensor | None
+    intermediates: list[torch.Tensor]
+
+
+class ViTBackbone(nn.Module):
+    """A timm VisionTransformer (attribute ``vit``) returning patch-token maps.
+
+    Intermediate block outputs come from timm's ``forward_intermediates``. The wrapper also owns the
+    NeuTRENO first-layer values holder, which it clears after every forward.
+
+    Args:
+        vit: The timm model, attention variants already swapped in.
+    """
+
+    def __init__(self, vit: VisionTransformer) -> None:
+        super().__init__()
+        if not hasattr(vit, "forward_intermediates") or not hasattr(vit, "blocks"):
+            raise TypeError(f"expected a timm VisionTransformer, got {type(vit).__name__}")
+        self.vit = vit
+        self.first_values: FirstValues | None = link_first_values(vit)
+
+    @property
+    def embed_dim(self) -> int:
+        return self.vit.embed_dim
+
+    @property
+    def depth(self) -> int:
+        return len(self.vit.blocks)
+
+    @property
+    def patch_size(self) -> int:
+        """The patch size, i.e. the stride of the token maps (square patches only)."""
+        ph, pw = self.vit.patch_embed.patch_size
+        if ph != pw:
+            raise ValueError(f"non-square patches {ph}x{pw} are not supported")
+        return ph
+
+    @property
+    def data_config(self) -> dict[str, Any]:
+        """timm's preprocessing config of the backbone (``mean``, ``std``, ``input_size``, ...)."""
+        return timm.data.resolve_model_data_config(self.vit)
+
+    def block_index(self, index: int) -> int:
+        """``index`` (negative counts from the end) as a block index in ``[0, depth)``."""
+        if not -self.depth <= index < self.depth:
+            raise IndexError(f"block index {index} out of range for a backbone of {self.depth} blocks")
+        return index % self.depth
+
+    def forward(self, x: torch.Tensor, indices: Sequence[int] = (), stop_early: bool = False) -> BackboneOutput:
+        """Token maps of images ``x`` (B, 3, H, W).
+
+        Args:
+            x: Normalised images.
+            indices: Blocks (negative allowed) whose un-normed patch tokens to return.
+            stop_early: Skip the blocks after the last requested one (``features`` is then None).
+        """
+        take = [self.block_index(i) for i in indices]
+        if stop_early and not take:
+            raise ValueError("stop_early needs at least one block index")
+        try:
+            if stop_early:
+                inter = self.vit.forward_intermediates(x, take, stop_early=True, intermediates_only=True)
+                return BackboneOutput(features=None, intermediates=list(inter))
+            if take:
+                final, inter = self.vit.forward_intermediates(x, take)
+            else:
+                final, inter = self.vit.forward_features(x), []
+        finally:
+            if self.first_values is not None:
+                self.first_values.clear()
+        return BackboneOutput(features=self.token_map(final, x.shape[-2:]), intermediates=list(inter))
+
+    def token_map(self, tokens: torch.Tensor, image_size: Sequence[int]) -> torch.Tensor:
+        """Patch tokens (B, prefix + h*w, D) of an image of ``image_size`` -> map (B, D, h, w)."""
+        h, w = self.vit.patch_embed.dynamic_feat_size(tuple(image_size))
+        patches = tokens[:, self.vit.num_prefix_tokens :]
+        return patches.reshape(patches.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+
+
+def build_backbone(
+    name: str = "deit_small_patch16_224",
+    pretrained: str = "",
+    attention: AttentionConfig | None = None,
+    drop_path_rate: float = 0.0,
+    backbone_kwargs: Mapping[str, Any] | None = None,
+) -> ViTBackbone:
+    """Create the timm ViT, load its weights, swap in the attention variant.
+
+    Args:
+        name: Any timm VisionTransformer name.
+        pretrained: ``""`` random init; ``"hub"`` timm's default weights; ``"hub:<tag>"`` the weights
+            ``<name>.<tag>``; otherwise a local checkpoint file (see :func:`load_timm_checkpoint`).
+        attention: Variant, blocks and constants; None means ``AttentionConfig()`` (centered, every block).
+        drop_path_rate: Stochastic depth rate.
+        backbone_kwargs: Extra ``timm.create_model`` arguments (they override the defaults above).
+    """
+    vit = create_vit(name, pretrained, drop_path_rate, backbone_kwargs)
+    apply_attention_variant(vit, attention if attention is not None else AttentionConfig())
+    return ViTBackbone(vit)
+
+
+def create_vit(
+    name: str,
+    pretrained: str = "",
+    drop_path_rate: float = 0.0,
+    backbone_kwargs: Mapping[str, Any] | None = None,
+) -> VisionTransformer:
+    """The plain timm model with its weights (see :func:`build_backbone` for the arguments)."""
+    kwargs = {
+        "dynamic_img_size": True,
+        "dynamic_img_pad": True,
+        "num_classes": 0,
+        "drop_path_rate": drop_path_rate,
+        **(backbone_kwargs or {}),
+    }
+    from_hub = pretrained == "hub" or pretrained.startswith("hub:")
+    if from_hub:
+        tag = pretrained[len("hub:") :] if pretrained.startswith("hub:") else ""
+        hub_name = f"{name}.{tag}" if tag else name
+        try:
+            vit = timm.create_model(hub_name, pretrained=True, **kwargs)
+        except Exception as err:
+            raise RuntimeError(
+                f"could not load timm's pretrained weights for '{hub_name}' ({type(err).__name__}: {err}). "
+                "Without network access, download them elsewhere, save the state_dict with torch.save and "
+                "set model.pretrained to that file; or set model.pretrained='' for random init"
+            ) from err
+    else:
+        vit = timm.create_model(name, pretrained=False, **kwargs)
+    if not isinstance(vit, VisionTransformer):
+        raise TypeError(f"'{name}' is a {type(vit).__name__}; wsss needs a timm VisionTransformer")
+    if pretrained and not from_hub:
+        load_timm_checkpoint(vit, pretrained)
+    return vit
+
+
+def load_timm_checkpoint(vit: VisionTransformer, path: str | Path) -> None:
+    """Load a timm state_dict file into ``vit`` with strict key matching.
+
+    The file is read with ``torch.load(weights_only=True)``; it may be the state_dict itself or a dict with
+    it under ``"model"`` or ``"state_dict"``. DDP/compile prefixes are removed, classifier-head keys the model
+    lacks (``num_classes=0``) are dropped, and the position (and patch) embedding are resampled by timm's
+    ``checkpoint_filter_fn`` if the checkpoint's grid differs from the model's.
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+        ValueError: The file is not a state_dict of this architecture; the message names the file.
+    """
+    path = Path(path)
+    fix = (
+        "model.pretrained must be a timm state_dict of the configured backbone (model.backbone and "
+        "model.backbone_kwargs must match it), 'hub' for timm's weights, or '' for random init"
+    )
+    if not path.is_file():
+        raise FileNotFoundError(f"pretrained checkpoint not found: {path}. {fix}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"cannot read {path} with torch.load(weights_only=True): {err}. {fix}") from err
+    for key in ("model", "state_dict"):
+        if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
+            obj = obj[key]
+            break
+    if not isinstance(obj, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
+    ):
+        raise ValueError(f"{path} does not hold a state_dict (a dict of name -> tensor). {fix}")
+    own = vit.state_dict()
+    state = {
+        k: v
+        for k, v in clean_state_dict(dict(obj)).items()
+        if k in own or k.split(".", 1)[0] not in ("head", "head_dist")
+    }
+    try:
+        state = checkpoint_filter_fn(state, vit)
+        result = vit.load_state_dict(state, strict=False)
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ValueError(f"{path} does not fit backbone {type(vit).__name__}: {err}. {fix}") from err
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(
+            f"{path} does not fit the backbone: missing keys {_head(result.missing_keys)}, unexpected keys "
+            f"{_head(result.unexpected_keys)}. {fix}"
+        )
+
+
+def _head(keys: Sequence[str], n: int = 8) -> str:
+    more = f" ... ({len(keys)} in all)" if len(keys) > n else ""
+    return f"[{', '.join(keys[:n])}{more}]"
+
+
+def resolve_block_indices(blocks: Sequence[int] | None, depth: int) -> list[int]:
+    """Sorted absolute block indices; None means all. Negative indices count from the end.
+
+    Raises:
+        IndexError: An index is out of range.
+        ValueError: An index is repeated.
+    """
+    if blocks is None:
+        return list(range(depth))
+    out = []
+    for i in blocks:
+        if not -depth <= i < depth:
+            raise IndexError(f"attention.blocks: index {i} out of range for {depth} blocks")
+        out.append(i % depth)
+    if len(set(out)) != len(out):
+        raise ValueError(f"attention.blocks: {list(blocks)} names a block twice")
+    return sorted(out)
+
+
+def apply_attention_variant(vit: VisionTransformer, cfg: AttentionConfig) -> list[int]:
+    """Swap the variant ``cfg.name`` into blocks ``cfg.blocks`` of ``vit`` in place, keeping the weights.
+
+    Returns:
+        The absolute indices of the converted blocks.
+    """
+    cls = get_variant(cfg.name)
+    kwargs = {field: getattr(cfg, field) for field in cls.config_fields}
+    indices = resolve_block_indices(cfg.blocks, len(vit.blocks))
+    for i in indices:
+        vit.blocks[i] = cls.convert_block(vit.blocks[i], **kwargs)
+    return indices
