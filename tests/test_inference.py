@@ -253,7 +253,8 @@ def test_batching_and_crf_change_nothing_unexpected(trained, tmp_path):
         a = np.load(runs["b1"] / "logits" / f"{rel}.npy").astype(np.float32)
         b = np.load(runs["b3"] / "logits" / f"{rel}.npy").astype(np.float32)
         np.testing.assert_allclose(a, b, atol=2e-2, rtol=1e-2)
-        np.testing.assert_array_equal(a, np.load(runs["crf"] / "logits" / f"{rel}.npy").astype(np.float32))
+        # same batching with and without CRF: the CRF touches the masks, never the logits
+        np.testing.assert_array_equal(b, np.load(runs["crf"] / "logits" / f"{rel}.npy").astype(np.float32))
         plain = read_mask(runs["b1"] / "masks" / f"{rel}.png")
         assert plain.shape == read_mask(runs["crf"] / "masks" / f"{rel}.png").shape
     changed = sum((read_mask(runs["b1"] / "masks" / f"{r}.png") != read_mask(runs["crf"] / "masks" / f"{r}.png")).any()

@@ -6,7 +6,9 @@ data = dict(
     val_split="val",
     mask_dir="SegmentationClass",
     label_file="cls_labels.json",
-    crop_size=192,
+    crop_size=160,
     scale_range=(0.75, 1.25),
-    num_workers=2,
+    color_jitter_prob=0.3,
+    grayscale_prob=0.0,
+    num_workers=1,
 )
