@@ -69,9 +69,7 @@ def test_checkpoint_loads_into_every_variant(deit_checkpoint, name):
         "neutreno": {},
         "gfsa": {f"blocks.{i}.attn.{w}": float(w == "w1") for i in range(depth) for w in ("w0", "w1", "wk")},
         "contranorm": {
-            f"blocks.{i}.contra_norm.norm.{p}": float(p == "weight")
-            for i in range(depth)
-            for p in ("weight", "bias")
+            f"blocks.{i}.contra_norm.norm.{p}": float(p == "weight") for i in range(depth) for p in ("weight", "bias")
         },
     }[name]
     assert extra == set(neutral)
@@ -102,9 +100,7 @@ def test_checkpoint_wrappers(tmp_path, wrap):
 
 def test_position_embedding_resized_like_timm(tmp_path):
     torch.manual_seed(0)
-    ref = timm.create_model(
-        TINY_NAME, pretrained=False, num_classes=0, img_size=64, dynamic_img_size=True, **TINY
-    )
+    ref = timm.create_model(TINY_NAME, pretrained=False, num_classes=0, img_size=64, dynamic_img_size=True, **TINY)
     path = tmp_path / "grid4.pt"
     torch.save(ref.state_dict(), path)
     backbone = build_backbone(
@@ -199,9 +195,7 @@ def test_drop_path_rate_and_backbone_kwargs_reach_timm():
 
 def test_early_stop_and_neutreno_values_released():
     torch.manual_seed(0)
-    backbone = build_backbone(
-        TINY_NAME, attention=AttentionConfig(name="neutreno"), backbone_kwargs=TINY
-    ).eval()
+    backbone = build_backbone(TINY_NAME, attention=AttentionConfig(name="neutreno"), backbone_kwargs=TINY).eval()
     assert isinstance(backbone.vit.blocks[0].attn, NeuTRENOAttention)
     x = torch.randn(1, 3, 32, 48)
     with torch.no_grad():
@@ -212,3 +206,13 @@ def test_early_stop_and_neutreno_values_released():
     assert [t.shape for t in full.intermediates] == [(1, 64, 2, 3)] * 2
     with pytest.raises(IndexError):
         backbone(x, [4])
+
+
+def test_contranorm_normalize_comes_from_the_config():
+    from wsss.config import AttentionConfig
+    from wsss.models.backbone import build_backbone
+
+    for normalize in (True, False):
+        cfg = AttentionConfig(name="contranorm", normalize=normalize)
+        backbone = build_backbone("vit_tiny_patch16_224", attention=cfg, backbone_kwargs={"depth": 2})
+        assert all(block.contra_norm.normalize is normalize for block in backbone.vit.blocks)

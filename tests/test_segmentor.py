@@ -121,10 +121,7 @@ def test_param_groups_cover_every_parameter_once():
     ):
         assert id(p) in by_group["backbone_no_decay"]
     assert id(vit.blocks[0].attn.qkv.weight) in by_group["backbone"]
-    assert (
-        id(model.decoder.conv1.weight) in by_group["heads"]
-        and id(model.classifier.conv.weight) in by_group["heads"]
-    )
+    assert id(model.decoder.conv1.weight) in by_group["heads"] and id(model.classifier.conv.weight) in by_group["heads"]
     assert groups[2]["lr"] == pytest.approx(6e-4) and groups[1]["weight_decay"] == 0.0
     assert groups[0]["weight_decay"] == 0.01
 

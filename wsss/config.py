@@ -69,6 +69,8 @@ class AttentionConfig:
     """contranorm: strength s of the uniformity term."""
     tau: float = 1.0
     """contranorm: temperature."""
+    normalize: bool = True
+    """contranorm: L2-normalise tokens inside the similarity (the authors' code); False: the paper's raw form."""
 
 
 @dataclass

@@ -396,29 +396,40 @@ class ContraNormBlock(Block):
         num_heads: Number of heads.
         scale: ContraNorm step ``s``.
         tau: ContraNorm temperature.
+        normalize: L2-normalise tokens inside the similarity (the authors' code); False is the paper's raw form.
         **block_kwargs: Passed to :class:`timm.models.vision_transformer.Block`.
     """
 
-    config_fields = ("scale", "tau")
+    config_fields = ("scale", "tau", "normalize")
 
-    def __init__(self, dim: int, num_heads: int, scale: float = 0.2, tau: float = 1.0, **block_kwargs: Any) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        scale: float = 0.2,
+        tau: float = 1.0,
+        normalize: bool = True,
+        **block_kwargs: Any,
+    ) -> None:
         super().__init__(dim, num_heads, attn_layer=VanillaAttention, **block_kwargs)
         factory = {"device": block_kwargs.get("device"), "dtype": block_kwargs.get("dtype")}
-        self.contra_norm = ContraNorm(dim, scale=scale, tau=tau, **factory)
+        self.contra_norm = ContraNorm(dim, scale=scale, tau=tau, normalize=normalize, **factory)
 
     @classmethod
-    def from_timm(cls, block: Block, scale: float = 0.2, tau: float = 1.0) -> ContraNormBlock:
+    def from_timm(cls, block: Block, scale: float = 0.2, tau: float = 1.0, normalize: bool = True) -> ContraNormBlock:
         """The ContraNorm block around the submodules (and weights) of a timm ``Block``."""
         if type(block) is not Block:
             raise TypeError(f"contranorm needs timm's vision_transformer.Block, got {type(block).__name__}")
         weight = block.attn.qkv.weight
         dim = block.attn.qkv.in_features
-        new = cls(dim, block.attn.num_heads, scale=scale, tau=tau, device="meta")
+        new = cls(dim, block.attn.num_heads, scale=scale, tau=tau, normalize=normalize, device="meta")
         for name, child in block.named_children():
             setattr(new, name, child)
         if not isinstance(new.attn, VariantAttention):
             new.attn = VanillaAttention.from_timm(new.attn)
-        new.contra_norm = ContraNorm(dim, scale=scale, tau=tau, device=weight.device, dtype=weight.dtype)
+        new.contra_norm = ContraNorm(
+            dim, scale=scale, tau=tau, normalize=normalize, device=weight.device, dtype=weight.dtype
+        )
         new.train(block.training)
         return new
 
