@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from _common import rss_bytes, synchronize
 
 from wsss.config import AttentionConfig
 from wsss.models import ATTENTION_VARIANTS, ViTBackbone, build_backbone, set_fused_attention
@@ -69,19 +70,6 @@ def make_step(model: ViTBackbone, x: torch.Tensor, dtype: torch.dtype) -> Callab
 
     return step
 
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def rss_bytes(field: str) -> int:
-    """``VmRSS`` or ``VmHWM`` of this process, in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def saved_activation_bytes(step: Callable[[], None], model: torch.nn.Module) -> int:

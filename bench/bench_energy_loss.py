@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from _common import rss_bytes, synchronize
 
 from wsss.losses import DenseEnergyLoss
 
@@ -94,18 +95,6 @@ def brute_force_loss(
     surrogate = -2 * (g * s * ws.detach()).sum() / len(img)
     return loss.weight * value, loss.weight * surrogate
 
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def rss_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def measure(step: Callable[[], None], device: torch.device, repeats: int, warmup: int) -> tuple[list[float], int]:

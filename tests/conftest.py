@@ -29,6 +29,17 @@ def write_xml(path: Path, filename: str, size: tuple[int, int], objects: list[tu
     )
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread: on a shared CPU, oversubscribed OpenMP threads make tiny ops 10x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def tiny_voc(tmp_path: Path) -> Path:
     """Four images of different non-square sizes; masks with a cat square, a dog square and 255 borders."""

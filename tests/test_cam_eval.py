@@ -19,13 +19,7 @@ from wsss.data.voc import VOCSegDataset
 from wsss.io import read_mask
 from wsss.models import build_model, resize_to_image
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_parse_thresholds():

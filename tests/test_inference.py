@@ -33,14 +33,7 @@ from wsss.io import read_mask
 from wsss.models import ModelOutput, build_model, resize_to_image
 from wsss.train import train
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: the CPU is shared, and oversubscribed OpenMP threads make tiny ops 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seed: int = 0):
