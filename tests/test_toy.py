@@ -270,3 +270,30 @@ def test_cli(tmp_path, capsys):
     assert main([str(out), "--num-train", "3", "--num-val", "2", "--seed", "5"]) == 0
     assert "already complete" in capsys.readouterr().out
     assert main([str(out), "--num-train", "0"]) == 2
+
+
+def test_opens_in_the_voc_datasets(toy_root, tmp_path):
+    """The generated set is read by the same dataset classes as real VOC (labels made from its XML)."""
+    from wsss.config import DataConfig
+    from wsss.data.labels import save_labels
+    from wsss.data.voc import VOCClsDataset, VOCSegDataset
+
+    classes = load_classes(toy_root / "classes.txt")
+    label_file = tmp_path / "cls_labels.json"  # beside, not inside, the shared generated set
+    save_labels(label_file, labels_from_xml(toy_root / "Annotations", classes), classes)
+    cfg = DataConfig(
+        root=str(toy_root), classes="classes.txt", train_split="train", val_split="val",
+        mask_dir="SegmentationClass", label_file=str(label_file), crop_size=96,
+    )  # fmt: skip
+    mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    seg = VOCSegDataset(cfg, mean, std)
+    item = seg[0]
+    raw = read_image(toy_root / "JPEGImages" / f"{seg.ids[0]}.jpg")
+    assert item["image"].shape == (3, *raw.shape[:2]) and item["mask"].shape == raw.shape[:2]
+    assert (item["mask"].numpy() == read_mask(toy_root / "SegmentationClass" / f"{seg.ids[0]}.png")).all()
+    cls = VOCClsDataset(cfg, mean, std, with_mask=True)
+    item = cls[0]
+    assert item["image"].shape == (3, 96, 96) and item["label"].sum() >= 1
+    mask = read_mask(toy_root / "SegmentationClass" / f"{cls.ids[0]}.png")
+    present = sorted(int(v) - 1 for v in np.unique(mask) if 0 < v < len(classes))
+    assert np.flatnonzero(item["label"].numpy()).tolist() == present
