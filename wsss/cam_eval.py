@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from wsss.data.transforms import denormalize
 from wsss.data.voc import VOCSegDataset, collate_list
 from wsss.evaluation import ConfusionMatrix, SegMetrics, format_table
 from wsss.io import atomic_write_bytes, atomic_write_text, save_mask
-from wsss.models.segmentor import WSSSModel, resize_to_image
+from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
 
@@ -200,7 +201,7 @@ def evaluate_cams(
         raise ValueError("need at least one background threshold")
     cams_cm = [ConfusionMatrix(num_classes, ignore, device=device) for _ in thresholds]
     pseudo_cm = ConfusionMatrix(num_classes, ignore, device=device)
-    par = PAR(cfg.par.dilations, cfg.par.num_iter, cfg.par.w1, cfg.par.w2).to(device)
+    par = PAR.from_config(cfg.par).to(device)
     pseudo = pseudo or pseudo_dir is not None
     ignored = scored = 0
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
@@ -208,9 +209,7 @@ def evaluate_cams(
         Subset(dataset, range(total)), batch_size=1, num_workers=cfg.data.num_workers, collate_fn=collate_list
     )
     palette = voc_palette()
-
-    def cam_fn(x: Tensor) -> Tensor:
-        return resize_to_image(model.cam(x, aux=aux), x.shape[-2:], model.stride)
+    cam_fn = partial(model.pixel_cam, aux=aux)
 
     for batch in tqdm(loader, total=total, desc="cam eval", unit="img", disable=not progress, dynamic_ncols=True):
         image_id = batch["id"][0]

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from wsss.config import ParConfig
+
 STD_EPS = 1e-8
 
 _RING = ((-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1))
@@ -77,6 +79,11 @@ class PAR(nn.Module):
         self.w1 = w1
         self.w2 = w2
         self.offsets = neighbour_offsets(self.dilations)
+
+    @classmethod
+    def from_config(cls, cfg: ParConfig) -> PAR:
+        """PAR with the constants of a :class:`wsss.config.ParConfig` (its ``scale`` is the caller's)."""
+        return cls(cfg.dilations, cfg.num_iter, cfg.w1, cfg.w2)
 
     def extra_repr(self) -> str:
         return f"dilations={self.dilations}, num_iter={self.num_iter}, w1={self.w1}, w2={self.w2}"

@@ -64,7 +64,7 @@ class Step:
     def __init__(self, cfg: Config, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device):
         self.cfg = cfg
         self.mean, self.std = mean, std
-        self.par = PAR(cfg.par.dilations, cfg.par.num_iter, cfg.par.w1, cfg.par.w2).to(device)
+        self.par = PAR.from_config(cfg.par).to(device)
         self.energy = DenseEnergyLoss(
             weight=cfg.loss.reg_energy_weight,
             sigma_rgb=cfg.loss.reg_sigma_rgb,

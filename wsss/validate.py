@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -51,7 +52,7 @@ def validate(
     model.eval()
     num_classes = len(dataset.classes)
     matrices = {name: ConfusionMatrix(num_classes, device=device) for name in ("cam", "aux_cam", "seg")}
-    par = PAR(cfg.par.dilations, cfg.par.num_iter, cfg.par.w1, cfg.par.w2).to(device)
+    par = PAR.from_config(cfg.par).to(device)
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     shard = Subset(dataset, range(rank, total, world))
@@ -68,12 +69,8 @@ def validate(
         gt = batch["mask"][0].to(device)
         labels = labels_from_mask(gt, num_classes)[None]
         size = image.shape[-2:]
-
-        def cam_fn(x: torch.Tensor, aux: bool = False) -> torch.Tensor:
-            return resize_to_image(model.cam(x, aux=aux), x.shape[-2:], model.stride)
-
-        cam = multiscale_cam(cam_fn, image, labels, cfg.cam.scales)
-        aux_cam = multiscale_cam(lambda x: cam_fn(x, aux=True), image, labels, cfg.cam.scales)
+        cam = multiscale_cam(model.pixel_cam, image, labels, cfg.cam.scales)
+        aux_cam = multiscale_cam(partial(model.pixel_cam, aux=True), image, labels, cfg.cam.scales)
         seg = resize_to_image(model(image).seg, size, model.stride).argmax(dim=1)
         cam_pred = cam_to_label(cam, labels, cfg.cam.infer_bg_thresh)
         matrices["cam"].update(cam_pred, gt[None])

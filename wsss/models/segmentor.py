@@ -98,6 +98,11 @@ class WSSSModel(nn.Module):
             return self.aux_classifier.cam(feats)
         return self.classifier.cam(self.backbone(x).features)
 
+    def pixel_cam(self, x: torch.Tensor, aux: bool = False) -> torch.Tensor:
+        """:meth:`cam` brought to the exact pixels of ``x``: (B, C-1, H, W), aligned whether or not ``x`` was
+        padded to a multiple of the patch size (see :func:`resize_to_image`)."""
+        return resize_to_image(self.cam(x, aux=aux), x.shape[-2:], self.stride)
+
     def param_groups(self, lr: float, head_lr_mult: float, weight_decay: float) -> list[dict[str, Any]]:
         """Optimiser groups, each with a ``name``.
 
