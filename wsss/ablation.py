@@ -67,12 +67,9 @@ def slug(name: str) -> str:
 
 def last_layer_cosine(checkpoint: Path, image_dir: Path, max_images: int, size: int) -> float:
     """Mean token cosine similarity of the last block over ``max_images`` images of ``image_dir``."""
-    from wsss.analysis.diagnose import ModelEntry, diagnose_folder
-    from wsss.checkpoint import model_from_checkpoint
+    from wsss.analysis.diagnose import diagnose_folder, model_from_checkpoint_file
 
-    model, ckpt = model_from_checkpoint(checkpoint)
-    entry = ModelEntry(model, tuple(ckpt["mean"]), tuple(ckpt["std"]))
-    rows = diagnose_folder({"m": entry}, image_dir, size=size, max_images=max_images, progress=False).rows
+    rows = diagnose_folder({"m": model_from_checkpoint_file(checkpoint)}, image_dir, size=size, max_images=max_images, progress=False).rows
     return float(rows[-1]["cosine"])
 
 
