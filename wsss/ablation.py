@@ -69,7 +69,8 @@ def last_layer_cosine(checkpoint: Path, image_dir: Path, max_images: int, size: 
     """Mean token cosine similarity of the last block over ``max_images`` images of ``image_dir``."""
     from wsss.analysis.diagnose import diagnose_folder, model_from_checkpoint_file
 
-    rows = diagnose_folder({"m": model_from_checkpoint_file(checkpoint)}, image_dir, size=size, max_images=max_images, progress=False).rows
+    models = {"m": model_from_checkpoint_file(checkpoint)}
+    rows = diagnose_folder(models, image_dir, size=size, max_images=max_images, progress=False).rows
     return float(rows[-1]["cosine"])
 
 
