@@ -12,6 +12,7 @@ from tools.make_toy_voc import main
 from wsss.data.classes import load_classes, voc_palette
 from wsss.data.labels import labels_from_masks, labels_from_xml
 from wsss.data.toy import (
+    CLASS_HUES,
     CLASS_TEXTURES,
     META_FILE,
     TEXTURES,
@@ -217,6 +218,28 @@ def test_class_fills():
             assert (grey < 40).mean() > 0.1 and (grey > 215).mean() > 0.1, kind
         else:
             assert np.abs(np.diff(grey, axis=1)).mean() < 10, kind
+
+
+def test_vivid_class_hues_on_muted_clutter():
+    """Object pixels carry their class's hue at high saturation; background pixels are muted."""
+    fg_hue_error, fg_sat, bg_sat = [], [], []
+    for i in range(12):
+        s = generate_sample(np.random.default_rng((7, 0, i)))
+        hsv = cv2.cvtColor(s.image, cv2.COLOR_RGB2HSV_FULL).astype(np.float64) / 255.0
+        core = cv2.erode((s.mask != 255).astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool)
+        for c in set(np.unique(s.mask)) - {0, 255}:
+            px = hsv[core & (s.mask == c)]
+            if len(px) < 20:  # a thin sliver: all band
+                continue
+            vivid = px[px[:, 1] > 0.5]  # the dark colour of a fill loses saturation to JPEG; judge the hue on both
+            mean = np.angle(np.exp(2j * np.pi * vivid[:, 0]).mean()) / (2 * np.pi) % 1.0
+            fg_hue_error.append(abs((mean - CLASS_HUES[TOY_CLASSES[c]] + 0.5) % 1.0 - 0.5))
+            fg_sat.append(np.median(px[:, 1]))
+        bg_sat.append(np.median(hsv[core & (s.mask == 0), 1]))
+    assert max(fg_hue_error) < 0.04, fg_hue_error
+    assert min(fg_sat) > 0.7 and max(bg_sat) < 0.45, (fg_sat, bg_sat)  # noise adds some saturation
+    hues = sorted(CLASS_HUES.values())
+    assert set(CLASS_HUES) == set(TOY_CLASSES[1:]) and min(np.diff(hues + [hues[0] + 1])) > 0.1
 
 
 def test_annotation_xml_round_trip():
