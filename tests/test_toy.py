@@ -231,7 +231,7 @@ def test_vivid_class_hues_on_muted_clutter():
             px = hsv[core & (s.mask == c)]
             if len(px) < 20:  # a thin sliver: all band
                 continue
-            vivid = px[px[:, 1] > 0.5]  # the dark colour of a fill loses saturation to JPEG; judge the hue on both
+            vivid = px[px[:, 1] > 0.5]  # hue of the saturated pixels only (JPEG greys some dark fill pixels)
             mean = np.angle(np.exp(2j * np.pi * vivid[:, 0]).mean()) / (2 * np.pi) % 1.0
             fg_hue_error.append(abs((mean - CLASS_HUES[TOY_CLASSES[c]] + 0.5) % 1.0 - 0.5))
             fg_sat.append(np.median(px[:, 1]))
