@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import platform
 import shlex
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from _common import rss_bytes, synchronize
 
+from wsss.config import DataConfig, LossConfig
 from wsss.losses import DenseEnergyLoss
 
 
@@ -158,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    loss = DenseEnergyLoss(weight=1e-7, sigma_rgb=15.0, sigma_xy=100.0, scale_factor=args.scale,
-                           block_size=args.block_size)  # fmt: skip
+    loss_cfg = dataclasses.replace(LossConfig(), reg_scale=args.scale)
+    loss = DenseEnergyLoss.from_config(loss_cfg, DataConfig().ignore_index)
+    loss.block_size = args.block_size
 
     print(f"training setting: batch {args.batch}, {args.size}x{args.size}", file=sys.stderr)
     full = make_inputs(args.batch, args.size, args.classes, device)

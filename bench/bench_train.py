@@ -1,8 +1,8 @@
 """Training-step speed and memory at the paper setting, broken down by stage.
 
 DeiT-S/16 with centered attention, batch 4, 448 crops, 3-scale + flip CAM, dual-threshold PAR pseudo labels,
-balanced CE and the dense energy loss: the real :class:`wsss.train.Step` on random crops, then each of its
-stages timed alone with the same inputs.
+balanced CE and the dense energy loss: the real :class:`wsss.step.TrainingStep` on random crops, then each of
+its stages timed alone with the same inputs.
 
     python bench/bench_train.py [--device cpu|cuda] [--batch 4] [--size 448] [--repeats 3] [--threads N]
 """
@@ -23,7 +23,7 @@ from wsss.data.transforms import backbone_mean_std, denormalize
 from wsss.losses import balanced_seg_ce, multilabel_soft_margin
 from wsss.models import build_model
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
-from wsss.train import Step
+from wsss.step import TrainingStep
 
 
 def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     num_classes = len(cfg.data.classes) if isinstance(cfg.data.classes, list) else 21
     torch.manual_seed(0)
     model = build_model(cfg.model, num_classes).to(device).train()
-    optimizer = torch.optim.AdamW(model.param_groups(cfg.optim.lr, cfg.optim.head_lr_mult, cfg.optim.weight_decay))
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(model.param_groups(o.lr, o.head_lr_mult, o.weight_decay, o.no_decay_1d))
     b, s = args.batch, args.size
     batch = {
         "image": torch.randn(b, 3, s, s, device=device),
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "box": torch.tensor([[0, s, 0, s]] * b, device=device),
     }
     batch["label"][:, 0] = 1.0  # at least one class per image
-    step = Step(cfg, mean, std, device)
+    step = TrainingStep(cfg, mean, std, device)
     amp = step.amp
 
     def full_step() -> None:
@@ -88,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
 
     def cam() -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=step.cam_autocast):
             return multiscale_cam(model.cam, batch["image"], batch["label"], cfg.cam.scales)
 
     rows = {}
-    rows["full step (Step + backward + AdamW)"], _ = timed(full_step, args.repeats, device)
+    rows["full step (TrainingStep + backward + AdamW)"], _ = timed(full_step, args.repeats, device)
     rows["forward + backward (cls, aux, decoder)"], _ = timed(forward_backward, args.repeats, device)
     rows[f"CAM ({len(cfg.cam.scales)} scales + flip, no grad)"], cams = timed(cam, args.repeats, device)
     rgb = denormalize(batch["image"], mean, std)
@@ -100,15 +101,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def pseudo() -> torch.Tensor:
         return pseudo_labels(
-            rgb, cams, batch["label"], valid, step.par, cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale
-        )
+            rgb, cams, batch["label"], valid, step.par, cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale,
+            cfg.data.ignore_index,
+        )  # fmt: skip
 
     rows[f"pseudo labels (PAR, {cfg.par.num_iter} iterations)"], target = timed(pseudo, args.repeats, device)
     seg = torch.randn(b, num_classes, s // 16, s // 16, device=device, requires_grad=True)
 
     def seg_loss() -> None:
         up = F.interpolate(seg, size=(s, s), mode="bilinear", align_corners=False)
-        balanced_seg_ce(up, target).backward()
+        balanced_seg_ce(up, target, cfg.data.ignore_index).backward()
 
     def energy() -> None:
         up = F.interpolate(seg, size=(s, s), mode="bilinear", align_corners=False)
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows["seg CE forward + backward"], _ = timed(seg_loss, args.repeats, device)
     rows[f"energy loss forward + backward (scale {cfg.loss.reg_scale})"], _ = timed(energy, args.repeats, device)
-    total = rows["full step (Step + backward + AdamW)"]
+    total = rows["full step (TrainingStep + backward + AdamW)"]
     print(f"{cfg.model.backbone} / {cfg.model.attention.name}, batch {b}, {s}x{s}, device {device}, "
           f"threads {torch.get_num_threads()}, bf16 autocast {amp}")  # fmt: skip
     print("| stage | seconds | share of full step |")

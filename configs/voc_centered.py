@@ -1,5 +1,6 @@
-# The paper: DeiT-S with centered self-attention (gamma = -1) in every block.
-_base_ = ["_base_/voc.py", "_base_/deit_s.py", "_base_/schedule_80k.py"]
-
-model = dict(attention=dict(name="centered", gamma=-1.0, blocks=None))
+# The paper: DeiT-S with centered self-attention (gamma = -1) in every block, trained on VOC 2012 + SBD
+# (train_aug) for 80k iterations, batch 4, crops of 448. Every other value is the default of wsss/config.py:
+# the paper's recipe, and ToCo's released one where the paper is silent (docs/reference.md lists them).
+# The work dir's config.py holds every resolved value.
+model = dict(attention=dict(name="centered"))
 work_dir = "work_dirs/voc_centered"

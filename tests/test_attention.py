@@ -165,6 +165,44 @@ def test_gfsa_at_init_equals_vanilla_and_learns_per_head_weights():
         assert w.grad is not None and bool((w.grad != 0).all())
 
 
+@pytest.mark.parametrize("order", [2, 3, 5])
+@pytest.mark.parametrize("fused", [True, False])
+def test_gfsa_matches_brute_force_with_trained_weights(order, fused):
+    """``H = w0 I + w1 A + wK (A + (K-1)(A^2 - A))`` built by hand, per head, with weights away from the init."""
+    torch.manual_seed(0)
+    attn = build_attention("gfsa", dim=32, num_heads=4, qkv_bias=True, k=order).eval()
+    with torch.no_grad():
+        for w in (attn.w0, attn.w1, attn.wk):
+            w.copy_(torch.randn_like(w))
+    attn.fused_attn = fused
+    x = torch.randn(2, 9, 32)
+    q, k, v = reference_qkv(attn, x)
+    a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    eye = torch.eye(9)
+    mixed = torch.empty_like(v)
+    for h in range(4):
+        w0, w1, wk = attn.w0[h], attn.w1[h], attn.wk[h]
+        ah = a[:, h]
+        high = ah + (order - 1) * (ah @ ah - ah)
+        mixed[:, h] = (w0 * eye + w1 * ah + wk * high) @ v[:, h]
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), reference_out(attn, mixed), atol=1e-5, rtol=0)
+
+
+def test_gfsa_attention_dropout_uses_one_mask():
+    """Under attention dropout ``A (A V)`` must reuse one dropped ``A``: the fused path equals the explicit one."""
+    attn = build_attention("gfsa", dim=32, num_heads=4, qkv_bias=True, k=3, attn_drop=0.5).train()
+    with torch.no_grad():
+        attn.wk.fill_(0.7)
+    x = torch.randn(2, 9, 32)
+    torch.manual_seed(5)
+    fused = attn(x)
+    attn.fused_attn = False
+    torch.manual_seed(5)
+    explicit = attn(x)
+    torch.testing.assert_close(fused, explicit, atol=1e-6, rtol=0)
+
+
 def test_neutreno_lambda_zero_equals_vanilla():
     vanilla, neutreno = tiny_backbone("vanilla"), tiny_backbone("neutreno", lam=0.0)
     x = images()
@@ -225,7 +263,7 @@ def timm_block(dim: int = 32, heads: int = 4) -> Block:
 
 def test_contranorm_scale_zero_is_layernorm_of_block_output():
     block = timm_block()
-    cn = ContraNormBlock.from_timm(copy.deepcopy(block), scale=0.0)
+    cn = ContraNormBlock.from_timm(copy.deepcopy(block), scale=0.0, tau=1.0, normalize=True)
     x = torch.randn(2, 9, 32) * 3
     with torch.no_grad():
         h = x + block.attn(block.norm1(x))
@@ -238,7 +276,7 @@ def test_contranorm_scale_zero_is_layernorm_of_block_output():
 def test_contranorm_block_matches_formula(fused):
     s, tau = 0.2, 0.5
     block = timm_block()
-    cn = ContraNormBlock.from_timm(copy.deepcopy(block), scale=s, tau=tau)
+    cn = ContraNormBlock.from_timm(copy.deepcopy(block), scale=s, tau=tau, normalize=True)
     set_fused_attention(cn, fused)
     x = torch.randn(2, 9, 32) * 3
     with torch.no_grad():
@@ -271,7 +309,7 @@ def test_build_attention_gives_timm_modules():
     centered = build_attention("centered", dim=32, num_heads=4, gamma=-0.5)
     assert isinstance(centered, CenteredAttention) and isinstance(centered, Attention)
     assert centered.gamma == -0.5
-    assert isinstance(build_attention("contranorm", dim=32, num_heads=4), Block)
+    assert isinstance(build_attention("contranorm", dim=32, num_heads=4, scale=0.2, tau=1.0, normalize=True), Block)
     with pytest.raises(ValueError, match="k must be"):
         build_attention("gfsa", dim=32, num_heads=4, k=0)
 
@@ -280,7 +318,8 @@ def test_build_attention_gives_timm_modules():
 def test_from_timm_keeps_parameter_names_and_weights(name):
     torch.manual_seed(0)
     attn = Attention(32, num_heads=4, qkv_bias=True)
-    converted = ATTENTION_VARIANTS[name].from_timm(attn)
+    kwargs = {"centered": {"gamma": -1.0}, "neutreno": {"lam": 0.6}, "gfsa": {"k": 3}}.get(name, {})
+    converted = ATTENTION_VARIANTS[name].from_timm(attn, **kwargs)
     own = attn.state_dict()
     new = converted.state_dict()
     extra = {"w0", "w1", "wk"} if name == "gfsa" else set()

@@ -57,8 +57,8 @@ def test_multiscale_cam_is_flip_equivariant():
     torch.manual_seed(0)
     images = torch.randn(1, 3, 32, 32)
     labels = torch.ones(1, 3)
-    cam = multiscale_cam(ToyCam(), images, labels)
-    cam_of_flip = multiscale_cam(ToyCam(), images.flip(-1), labels)
+    cam = multiscale_cam(ToyCam(), images, labels, (1.0, 0.5, 1.5))
+    cam_of_flip = multiscale_cam(ToyCam(), images.flip(-1), labels, (1.0, 0.5, 1.5))
     torch.testing.assert_close(cam_of_flip, cam.flip(-1))
 
 

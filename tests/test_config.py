@@ -9,17 +9,83 @@ from wsss.config import Config, ConfigError, dump_config, from_dict, load_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_paper_config_values():
+# DESIGN.md section 3 (the paper, and ToCo's released training where the paper is silent); docs/reference.md.
+PAPER_CONSTANTS = {
+    "model.backbone": "deit_small_patch16_224",
+    "model.pretrained": "hub",
+    "model.drop_path_rate": 0.0,
+    "model.freeze_pos_embed": True,
+    "model.attention.name": "centered",
+    "model.attention.gamma": -1.0,
+    "model.attention.blocks": None,
+    "model.aux_layer": -3,
+    "model.decoder_channels": 512,
+    "model.decoder_dilation": 5,
+    "model.head_init": "default",
+    "data.crop_size": 448,
+    "data.scale_range": (0.5, 2.0),
+    "data.hflip_prob": 0.5,
+    "data.color_jitter": (0.4, 0.4, 0.2, 0.1),
+    "data.color_jitter_prob": 0.8,
+    "data.grayscale_prob": 0.2,
+    "data.blur_prob": 1.0,
+    "data.blur_sigma": (0.1, 2.0),
+    "data.pad_rgb": (0.0, 0.0, 0.0),
+    "data.ignore_index": 255,
+    "data.train_split": "train_aug",
+    "data.val_split": "val",
+    "cam.scales": (1.0, 0.5, 1.5),
+    "cam.fg_thresh": 0.7,
+    "cam.bg_thresh": 0.25,
+    "cam.infer_bg_thresh": 0.5,
+    "par.num_iter": 10,
+    "par.dilations": (1, 2, 4, 8, 12, 24),
+    "par.w1": 0.3,
+    "par.w2": 0.01,
+    "par.scale": 0.5,
+    "loss.aux_weight": 1.0,
+    "loss.seg_weight": 0.1,
+    "loss.reg_weight": 0.05,
+    "loss.seg_start_iter": 2001,
+    "loss.reg_energy_weight": 1e-7,
+    "loss.reg_lattice_match": 0.59,
+    "loss.reg_sigma_rgb": 15.0,
+    "loss.reg_sigma_xy": 100.0,
+    "loss.reg_scale": 0.5,
+    "optim.lr": 6e-5,
+    "optim.head_lr_mult": 10.0,
+    "optim.weight_decay": 0.01,
+    "optim.no_decay_1d": False,
+    "optim.betas": (0.9, 0.999),
+    "optim.warmup_iters": 2500,
+    "optim.warmup_ratio": 1e-6,
+    "optim.power": 0.9,
+    "train.max_iters": 80000,
+    "train.batch_size": 4,
+    "train.cam_dtype": "float32",
+    "train.val_input": "crop",
+    "infer.scales": (1.0, 1.25, 1.5),
+    "infer.flip": True,
+    "infer.crf.gaussian_sxy": 1.0,
+    "infer.crf.gaussian_compat": 1.0,
+    "infer.crf.bilateral_sxy": 121.0,
+    "infer.crf.bilateral_srgb": 5.0,
+    "infer.crf.bilateral_compat": 4.0,
+    "infer.crf.iterations": 10,
+}
+
+
+@pytest.mark.parametrize(("key", "expected"), list(PAPER_CONSTANTS.items()))
+def test_paper_config_pins_the_reference_constants(key, expected):
+    value = load_config(REPO / "configs" / "voc_centered.py")
+    for part in key.split("."):
+        value = getattr(value, part)
+    assert value == expected and type(value) is type(expected), f"{key} = {value!r}, the reference has {expected!r}"
+
+
+def test_paper_config_has_vocs_classes():
     cfg = load_config(REPO / "configs" / "voc_centered.py")
-    assert cfg.model.backbone == "deit_small_patch16_224"
-    assert cfg.model.attention.name == "centered" and cfg.model.attention.gamma == -1.0
-    assert cfg.model.aux_layer == -3
-    assert cfg.train.max_iters == 80000 and cfg.train.batch_size == 4
-    assert cfg.data.crop_size == 448 and cfg.data.scale_range == (0.5, 2.0)
-    assert cfg.cam.scales == (1.0, 0.5, 1.5)
-    assert cfg.par.dilations == (1, 2, 4, 8, 12, 24)
-    assert cfg.optim.lr == 6e-5 and cfg.optim.warmup_iters == 2500
-    assert len(cfg.data.classes) == 21
+    assert len(cfg.data.classes) == 21 and cfg.data.classes[0] == "background"
 
 
 def test_base_inheritance_overrides_only_what_it_names():
@@ -93,3 +159,11 @@ def test_unknown_key_in_file_and_missing_file(tmp_path):
 def test_int_accepted_for_float():
     cfg = from_dict(Config, {"optim": {"lr": 1}})
     assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+
+
+def test_choice_fields_reject_unknown_values():
+    with pytest.raises(ConfigError, match=r"train.cam_dtype.*'fp16' is not one of 'float32', 'bfloat16'"):
+        from_dict(Config, {"train": {"cam_dtype": "fp16"}})
+    with pytest.raises(ConfigError, match=r"train.val_input"):
+        from_dict(Config, {"train": {"val_input": "448"}})
+    assert from_dict(Config, {"train": {"val_input": "original"}}).train.val_input == "original"

@@ -37,18 +37,18 @@ def test_balanced_seg_ce_hand_computed():
     label = torch.tensor([[[0, 0, 2, 255]]])
     bg = (_ce(pix[0], 0) + _ce(pix[1], 0)) / 2
     fg = _ce(pix[2], 2)
-    torch.testing.assert_close(balanced_seg_ce(logits, label), torch.tensor(0.5 * bg + 0.5 * fg))
+    torch.testing.assert_close(balanced_seg_ce(logits, label, 255), torch.tensor(0.5 * bg + 0.5 * fg))
 
 
 def test_balanced_seg_ce_missing_parts_are_finite():
     logits = torch.randn(2, 3, 4, 4, requires_grad=True)
     only_bg = torch.zeros(2, 4, 4, dtype=torch.long)
     ce = F.cross_entropy(logits, only_bg)
-    torch.testing.assert_close(balanced_seg_ce(logits, only_bg), 0.5 * ce)
+    torch.testing.assert_close(balanced_seg_ce(logits, only_bg, 255), 0.5 * ce)
     only_fg = torch.ones(2, 4, 4, dtype=torch.long)
-    torch.testing.assert_close(balanced_seg_ce(logits, only_fg), 0.5 * F.cross_entropy(logits, only_fg))
+    torch.testing.assert_close(balanced_seg_ce(logits, only_fg, 255), 0.5 * F.cross_entropy(logits, only_fg))
     ignored = torch.full((2, 4, 4), 255)
-    loss = balanced_seg_ce(logits, ignored)
+    loss = balanced_seg_ce(logits, ignored, 255)
     loss.backward()
     assert loss.item() == 0.0 and torch.isfinite(logits.grad).all()
 
@@ -58,7 +58,7 @@ def test_balanced_seg_ce_upsamples_logits():
     logits = torch.randn(1, 3, 4, 4)
     label = torch.randint(0, 3, (1, 8, 8))
     up = F.interpolate(logits, size=(8, 8), mode="bilinear", align_corners=False)
-    torch.testing.assert_close(balanced_seg_ce(logits, label), balanced_seg_ce(up, label))
+    torch.testing.assert_close(balanced_seg_ce(logits, label, 255), balanced_seg_ce(up, label, 255))
 
 
 def brute_kernel(features):
@@ -186,7 +186,9 @@ def test_dense_energy_loss_matches_toco_pipeline(sigma_xy):
     valid[1] = True
     label = torch.randint(0, c, (b, h, w))
     label[torch.rand(b, h, w) > 0.6] = 255
-    loss_fn = DenseEnergyLoss(weight=1e-3, sigma_rgb=15.0, sigma_xy=sigma_xy, scale_factor=0.5, block_size=40)
+    loss_fn = DenseEnergyLoss(
+        weight=1e-3, sigma_rgb=15.0, sigma_xy=sigma_xy, scale_factor=0.5, ignore_index=255, block_size=40
+    )
     loss = loss_fn(images, logits.softmax(1), valid, label)
     (grad,) = torch.autograd.grad(loss, logits)
 

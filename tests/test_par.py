@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from wsss.config import ParConfig
 from wsss.par import PAR, neighbour_offsets
 
 
@@ -74,7 +75,7 @@ def test_par_matches_pixel_loop_reference(dilations):
 def test_par_offsets_and_affinity_sums():
     offsets = neighbour_offsets((1, 2, 4, 8, 12, 24))
     assert len(offsets) == 48 and len(set(offsets)) == 48 and (0, 0) not in offsets
-    par = PAR()
+    par = PAR.from_config(ParConfig())
     aff = par.affinity(torch.rand(1, 3, 16, 20))
     assert aff.shape == (1, 48, 16, 20)
     torch.testing.assert_close(aff.sum(1), torch.full((1, 16, 20), 1.01))
@@ -84,7 +85,7 @@ def test_par_offsets_and_affinity_sums():
 
 
 def test_par_uniform_image_keeps_constant_mask_up_to_row_sum():
-    par = PAR(num_iter=3)
+    par = PAR.from_config(ParConfig(num_iter=3))
     masks = torch.full((1, 2, 9, 11), 0.5)
     out = par(torch.full((1, 3, 9, 11), 0.2), masks)
     torch.testing.assert_close(out, masks * 1.01**3)
@@ -96,11 +97,11 @@ def test_par_stops_at_colour_edges():
     images[..., 8:] = 1.0
     masks = torch.zeros(1, 1, 16, 16)
     masks[..., :8] = 1.0
-    out = PAR(dilations=(1, 2, 4), num_iter=10)(images, masks)
+    out = PAR.from_config(ParConfig(dilations=(1, 2, 4)))(images, masks)
     assert out[..., :8].min() > 0.9
     assert out[..., 8:].max() < 0.1
 
 
 def test_par_rejects_mismatched_sizes():
     with pytest.raises(ValueError, match="same batch and size"):
-        PAR()(torch.rand(1, 3, 8, 8), torch.rand(1, 2, 4, 4))
+        PAR.from_config(ParConfig())(torch.rand(1, 3, 8, 8), torch.rand(1, 2, 4, 4))

@@ -1,6 +1,7 @@
 import torch
 import torch.nn.functional as F
 
+from wsss.config import ParConfig
 from wsss.par import PAR
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels, refine_cams_with_par
 
@@ -53,7 +54,7 @@ def test_square_ring_background_and_box():
     labels = torch.tensor([[0.0, 1.0, 1.0]])  # class 2 present with a zero CAM
     valid = boxes_to_mask(torch.tensor([[0, 64, 0, 56]]), h, w)
 
-    out = pseudo_labels(images, cams, labels, valid, PAR(), fg_thresh=0.7, bg_thresh=0.25)
+    out = pseudo_labels(images, cams, labels, valid, PAR.from_config(ParConfig()), 0.7, 0.25, 0.5, 255)
     assert out.shape == (1, h, w) and out.dtype == torch.long
     assert set(out.unique().tolist()) == {0, 2, 255}
     lab = out[0]
@@ -75,8 +76,8 @@ def test_batched_matches_per_image_reference():
     labels = torch.tensor([[1, 0, 1, 1, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.float32)
     cams = cams * labels[:, :, None, None]
     valid = boxes_to_mask(torch.tensor([[0, 24, 0, 20], [2, 20, 3, 17], [0, 12, 0, 20]]), h, w)
-    par = PAR(dilations=(1, 2, 4), num_iter=3)
-    out = pseudo_labels(images, cams, labels, valid, par, fg_thresh=0.7, bg_thresh=0.25, scale=0.5)
+    par = PAR.from_config(ParConfig(dilations=(1, 2, 4), num_iter=3))
+    out = pseudo_labels(images, cams, labels, valid, par, 0.7, 0.25, 0.5, 255)
     ref = reference_pseudo_labels(images, cams, labels, valid, par, 0.7, 0.25, 0.5, 255)
     assert torch.equal(out, ref)
     assert {0, 255}.issubset(out.unique().tolist())
@@ -91,9 +92,10 @@ def test_refine_cams_with_par_single_threshold_and_shape():
     images = torch.rand(2, 3, 16, 16)
     cams = torch.rand(2, 2, 16, 16)
     labels = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
-    maps = refine_cams_with_par(images, cams, labels, (0.5,), PAR(dilations=(1, 2), num_iter=2))
+    par = PAR.from_config(ParConfig(dilations=(1, 2), num_iter=2))
+    maps = refine_cams_with_par(images, cams, labels, (0.5,), par, 0.5)
     assert maps.shape == (1, 2, 16, 16)
     assert set(maps[0, 1].unique().tolist()) <= {0, 2}
     # A background plane above every CAM value gives all background; below every value, none.
-    assert (refine_cams_with_par(images, cams, labels, (1.5,), PAR(num_iter=1)) == 0).all()
-    assert (refine_cams_with_par(images, cams, labels, (-1.0,), PAR(num_iter=1)) > 0).all()
+    assert (refine_cams_with_par(images, cams, labels, (1.5,), PAR.from_config(ParConfig(num_iter=1)), 0.5) == 0).all()
+    assert (refine_cams_with_par(images, cams, labels, (-1.0,), PAR.from_config(ParConfig(num_iter=1)), 0.5) > 0).all()

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from wsss.config import AttentionConfig, ModelConfig
-from wsss.models import ModelOutput, WSSSModel, build_model, resize_to_image
+from wsss.models import ModelOutput, WSSSModel, build_model, maps_to_pixels, resize_to_image
 
 TINY_NAME = "vit_tiny_patch16_224"
 TINY = {"embed_dim": 64, "depth": 4, "num_heads": 4}
@@ -104,34 +104,64 @@ def test_aux_tokens_are_block_output_without_final_norm(aux_layer):
     torch.testing.assert_close(out.features, to_map(final, (48, 64)), atol=1e-5, rtol=0)
 
 
-def test_param_groups_cover_every_parameter_once():
+def test_param_groups_reference_decays_everything_and_freezes_pos_embed():
+    """The reference: 0.01 on every trained parameter, heads at 10x, ``pos_embed`` frozen (not optimised)."""
     model = tiny_model(name="gfsa")
-    groups = model.param_groups(lr=6e-5, head_lr_mult=10.0, weight_decay=0.01)
-    assert [g["name"] for g in groups] == ["backbone", "backbone_no_decay", "heads"]
-    ids = [id(p) for g in groups for p in g["params"]]
-    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
-    by_group = {g["name"]: {id(p) for p in g["params"]} for g in groups}
     vit = model.backbone.vit
-    for p in (
-        vit.pos_embed,
-        vit.cls_token,
-        vit.norm.weight,
-        vit.blocks[0].attn.qkv.bias,
-        vit.blocks[0].attn.w0,
-    ):
-        assert id(p) in by_group["backbone_no_decay"]
+    assert not vit.pos_embed.requires_grad
+    groups = model.param_groups(lr=6e-5, head_lr_mult=10.0, weight_decay=0.01, no_decay_1d=False)
+    assert [g["name"] for g in groups] == ["backbone", "backbone_1d", "heads"]
+    ids = [id(p) for g in groups for p in g["params"]]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert len(ids) == len(set(ids)) == len(trained) == len(list(model.parameters())) - 1
+    assert id(vit.pos_embed) not in ids
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.01, 0.01]
+    assert [g["lr"] for g in groups] == pytest.approx([6e-5, 6e-5, 6e-4])
+    by_group = {g["name"]: {id(p) for p in g["params"]} for g in groups}
+    for p in (vit.cls_token, vit.norm.weight, vit.blocks[0].attn.qkv.bias, vit.blocks[0].attn.w0):
+        assert id(p) in by_group["backbone_1d"]
     assert id(vit.blocks[0].attn.qkv.weight) in by_group["backbone"]
     assert id(model.decoder.conv1.weight) in by_group["heads"] and id(model.classifier.conv.weight) in by_group["heads"]
-    assert groups[2]["lr"] == pytest.approx(6e-4) and groups[1]["weight_decay"] == 0.0
-    assert groups[0]["weight_decay"] == 0.01
 
     optimizer = torch.optim.AdamW(groups)
     model.train()
     out = model(torch.randn(2, 3, 32, 32))
     (out.logits.sum() + out.aux_logits.sum() + out.seg.mean()).backward()
     before = vit.blocks[0].attn.w1.detach().clone()
+    pos_before = vit.pos_embed.detach().clone()
     optimizer.step()
     assert not torch.equal(before, vit.blocks[0].attn.w1)
+    assert torch.equal(pos_before, vit.pos_embed)
+
+
+def test_param_groups_timm_habit_switches():
+    """``no_decay_1d`` exempts the 1-D group; ``freeze_pos_embed=False`` trains the position embedding."""
+    model = tiny_model(freeze_pos_embed=False)
+    groups = model.param_groups(lr=6e-5, head_lr_mult=10.0, weight_decay=0.01, no_decay_1d=True)
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0, 0.01]
+    assert id(model.backbone.vit.pos_embed) in {id(p) for p in groups[1]["params"]}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_heads_have_the_reference_init():
+    """Bias-free LargeFOV and classifiers with PyTorch's default init: weights ~ U(-1/sqrt(fan_in), ...)."""
+    model = tiny_model(num_classes=21)
+    for conv in (model.decoder.conv1, model.decoder.conv2, model.decoder.cls, model.classifier.conv):
+        assert conv.bias is None
+        fan_in = conv.weight[0].numel()
+        bound = 1 / fan_in**0.5  # kaiming_uniform_(a=sqrt(5)) gives U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        weight = conv.weight.detach()
+        assert weight.abs().max() <= bound
+        assert float(weight.std()) == pytest.approx(bound / 3**0.5, rel=0.1)
+
+
+def test_kaiming_head_init_switch():
+    model = tiny_model(num_classes=21, head_init="kaiming")
+    fan_in = model.classifier.conv.weight[0].numel()
+    assert float(model.classifier.conv.weight.detach().std()) == pytest.approx((2 / fan_in) ** 0.5, rel=0.1)
+    cls = model.decoder.cls.weight.detach()  # fan-out of a 1x1 conv: its output channels
+    assert float(cls.std()) == pytest.approx((2 / cls.shape[0]) ** 0.5, rel=0.1)
+    assert model.decoder.cls.bias is None
 
 
 def test_config_errors():
@@ -141,3 +171,32 @@ def test_config_errors():
         tiny_model(num_classes=1)
     with pytest.raises(IndexError):
         tiny_model(aux_layer=4)
+
+
+@pytest.mark.parametrize("width", [40, 36])
+def test_maps_to_pixels_keeps_patches_aligned(width):
+    """Each patch's centre column, on the token grid, lands on that column of the image: for a width that is a
+    multiple of the patch (one resize) and for one the model pads from 36 to 40 (padding cropped)."""
+    p = 8
+    grid_w = -(-width // p)
+    centres = torch.arange(grid_w, dtype=torch.float32) * p + (p - 1) / 2
+    maps = centres.view(1, 1, 1, grid_w).expand(1, 1, 2, grid_w)
+    pixels = maps_to_pixels(maps, (16, width), p)
+    assert pixels.shape == (1, 1, 16, width)
+    inner = torch.arange(p // 2, width - p // 2, dtype=torch.float32)  # between the first and last centre
+    torch.testing.assert_close(pixels[0, 0, 5, p // 2 : width - p // 2], inner)
+    # what the training CAM did before: the padded grid stretched over the image, off by up to a patch
+    stretched = F.interpolate(maps, size=(16, width), mode="bilinear", align_corners=False)
+    assert width % p == 0 or not torch.allclose(stretched[0, 0, 5, p // 2 : width - p // 2], inner)
+
+
+def test_cam_covers_exactly_the_input():
+    model = tiny_model()
+    with torch.no_grad():
+        aligned = torch.randn(1, 3, 64, 96)
+        assert model.cam(aligned).shape == (1, 4, 4, 6)
+        padded = torch.randn(1, 3, 60, 90)
+        cam = model.cam(padded)
+        token = model.classifier.cam(model(padded).features)
+    assert cam.shape == (1, 4, 60, 90)
+    torch.testing.assert_close(cam, resize_to_image(token, (60, 90), 16))

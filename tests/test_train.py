@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -91,27 +92,49 @@ def test_cli_resume_without_value_continues(tiny_voc, tmp_path, capsys):
     assert load_checkpoint(work / "iter_4.pth")["step"] == 4
 
 
-def test_ddp_two_processes_keep_identical_weights(tiny_voc, tmp_path):
-    cfg = tiny_config(tiny_voc, max_iters=3)
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    """Two CPU processes under torchrun on a free port (``--standalone``)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_ddp_resume_is_exact_with_stochastic_depth(tiny_voc, tmp_path):
+    """2 ranks, drop-path on: 4 iterations = 2 + resume + 2, bit for bit (each rank's random state is saved);
+    the ranks keep identical weights, log the same rank-averaged losses, and only rank 0 prints."""
+    cfg = tiny_config(tiny_voc, max_iters=4, ckpt_interval=2)
+    assert cfg.model.drop_path_rate > 0
     cfg.train.batch_size = 1
     cfg_file = tmp_path / "cfg.py"
     dump_config(cfg, cfg_file)
     script = tmp_path / "run_ddp.py"
     script.write_text(textwrap.dedent(f"""
-        import os, torch
+        import json, os, torch
         from wsss.config import load_config
         from wsss.train import train
-        res = train(load_config({str(cfg_file)!r}), work_dir={str(tmp_path / 'w')!r}, device="cpu")
-        torch.save(res.model.state_dict(), {str(tmp_path)!r} + f"/rank{{os.environ['RANK']}}.pth")
+        res = train(load_config({str(cfg_file)!r}), work_dir={str(tmp_path / 'full')!r}, device="cpu")
+        rank = os.environ['RANK']
+        torch.save(res.model.state_dict(), {str(tmp_path)!r} + f"/rank{{rank}}.pth")
+        open({str(tmp_path)!r} + f"/history{{rank}}.json", "w").write(json.dumps(res.history))
     """))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29531"]
-    cmd.append(str(script))
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun(str(script))
     r0 = torch.load(tmp_path / "rank0.pth", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pth", weights_only=True)
-    init = load_checkpoint(tmp_path / "w" / "iter_3.pth")["model"]
+    full = load_checkpoint(tmp_path / "full" / "iter_4.pth")
+    assert len(full["rng"]) == 2 and not torch.equal(full["rng"][0]["torch"], full["rng"][1]["torch"])
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k
-        assert torch.equal(r0[k], init[k]), k
+        assert torch.equal(r0[k], full["model"][k]), k
+    h0, h1 = (json.loads((tmp_path / f"history{r}.json").read_text()) for r in (0, 1))
+    assert h0 == h1 and len(h0) == 4  # one entry per log interval (1), averaged over the ranks
+
+    resume = str(tmp_path / "full" / "iter_2.pth")
+    proc = torchrun("tools/train.py", str(cfg_file), "--work-dir", str(tmp_path / "resumed"), "--resume", resume,
+                    "--device", "cpu")  # fmt: skip
+    resumed = load_checkpoint(tmp_path / "resumed" / "iter_4.pth")
+    for k in full["model"]:
+        assert torch.equal(full["model"][k], resumed["model"][k]), k
+    assert proc.stdout.count("final val:") == 1 and proc.stdout.count("checkpoint:") == 1, proc.stdout
+    assert proc.stdout.count("resuming from") == 1

@@ -95,6 +95,36 @@ def test_augmentation_keeps_mask_aligned_with_image():
     assert 0 < flips < 20
 
 
+def test_padding_is_black_rgb_before_normalising():
+    """The reference pads with RGB (0, 0, 0) and then normalises: padding reads -mean/std, not 0 (the mean grey)."""
+    image = np.full((40, 30, 3), 200, np.uint8)
+    cfg = DataConfig(crop_size=64, scale_range=(1.0, 1.0), color_jitter_prob=0, grayscale_prob=0, blur_prob=0)
+    s = TrainAugment(cfg, MEAN, STD)(image, None, seed=0)
+    y0, y1, x0, x1 = s.box
+    assert (y1 - y0, x1 - x0) == (40, 30)
+    outside = np.ones((64, 64), bool)
+    outside[y0:y1, x0:x1] = False
+    expected = -np.array(MEAN, np.float32) / np.array(STD, np.float32)
+    np.testing.assert_allclose(s.image[outside], np.broadcast_to(expected, (outside.sum(), 3)), atol=1e-6)
+    grey = DataConfig(**{**cfg.__dict__, "pad_rgb": (255.0 * MEAN[0], 255.0 * MEAN[1], 255.0 * MEAN[2])})
+    s = TrainAugment(grey, MEAN, STD)(image, None, seed=0)
+    assert np.abs(s.image[outside]).max() < 0.01
+
+
+def test_blur_runs_on_the_padded_crop():
+    """Colour augmentation comes after the crop: the blur mixes the image into the padding next to the box."""
+    image = np.full((40, 30, 3), 255, np.uint8)
+    cfg = DataConfig(crop_size=64, scale_range=(1.0, 1.0), color_jitter_prob=0, grayscale_prob=0,
+                     blur_prob=1.0, blur_sigma=(2.0, 2.0))  # fmt: skip
+    s = TrainAugment(cfg, (0.0,) * 3, (1.0,) * 3)(image, None, seed=1)
+    y0, y1, x0, x1 = s.box
+    sides = [s.image[y0 - 1, x0:x1] if y0 > 0 else None, s.image[y1, x0:x1] if y1 < 64 else None,
+             s.image[y0:y1, x0 - 1] if x0 > 0 else None, s.image[y0:y1, x1] if x1 < 64 else None]  # fmt: skip
+    sides = [side for side in sides if side is not None]
+    assert sides and min(float(side.mean()) for side in sides) > 0.1  # blurred white reaches into the padding
+    assert s.image[(y0 + y1) // 2, (x0 + x1) // 2].min() > 0.99  # the middle stays white
+
+
 def test_scale_range_bounds_the_object_size():
     mask = np.zeros((100, 100), np.uint8)
     image = np.zeros((100, 100, 3), np.uint8)

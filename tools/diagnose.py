@@ -33,6 +33,7 @@ from wsss.analysis.diagnose import (
     plot_layers,
     write_layers_csv,
 )
+from wsss.analysis.oversmoothing import RANK_THRESHOLD
 
 
 def default_label(kind: str, source: str) -> str:
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrained", help="hub, a timm state_dict file, or none (random init)")
     parser.add_argument("--label", nargs="+", default=[], help="one name per model, in model order")
     parser.add_argument("--seed", type=int, default=0, help="seed of random-init weights")
-    parser.add_argument("--threshold", type=float, default=1e-3, help="numerical-rank threshold (default: 1e-3)")
+    parser.add_argument(
+        "--threshold", type=float, default=RANK_THRESHOLD, help=f"numerical-rank threshold (default: {RANK_THRESHOLD})"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy machine)")
     parser.add_argument("--title", help="plot title (default: image count and token count)")

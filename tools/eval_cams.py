@@ -4,10 +4,12 @@
         [--out DIR] [--data-root DIR] [--save-cams] [--save-pseudo] [--device cuda|cpu]
 
 CAMs at the checkpoint's cam.scales (with flips) of the final (or --aux) classifier are scored for every
-background threshold of the sweep; --pseudo also scores the dual-threshold + PAR pseudo labels (uncertain
-pixels excluded, their fraction reported). The dataset is the one of the checkpoint's config (--data-root
-overrides its root). Writes DIR/cam_eval.json (default DIR: CHECKPOINT_DIR/cam_eval_SPLIT[_aux]);
---save-cams writes DIR/cams/<id>.npy ((C-1, H, W) float16), --save-pseudo DIR/pseudo/<id>.png.
+background threshold of the sweep; --pseudo also scores the pseudo labels twice: the dual-threshold + PAR
+labels on their certain pixels (the training loss's view; uncertain fraction reported), and single-threshold
+(cam.infer_bg_thresh) + PAR labels on every pixel (comparable with the paper's Table 3). The dataset is the
+one of the checkpoint's config (--data-root overrides its root). Writes DIR/cam_eval.json (default DIR:
+CHECKPOINT_DIR/cam_eval_SPLIT[_aux]); --save-cams writes DIR/cams/<id>.npy ((C-1, H, W) float16),
+--save-pseudo DIR/pseudo/<id>.png.
 """
 
 from __future__ import annotations

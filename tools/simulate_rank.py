@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from wsss.analysis.oversmoothing import RANK_THRESHOLD
 from wsss.analysis.rank_simulation import ARCHS, INITS, parse_gammas, run_grid, write_outputs
 
 
@@ -25,7 +26,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gammas", default="-1.5:1.5:0.1", help="START:STOP:STEP (STOP included) or a comma list")
     parser.add_argument("--n", type=int, default=100, help="tokens = token dimension (input: n x n identity)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the U[0,1] weights")
-    parser.add_argument("--threshold", type=float, default=1e-3, help="relative singular-value threshold")
+    parser.add_argument("--threshold", type=float, default=RANK_THRESHOLD, help="relative singular-value threshold")
     parser.add_argument("--archs", nargs="+", choices=ARCHS, default=list(ARCHS))
     parser.add_argument("--inits", nargs="+", choices=INITS, default=list(INITS))
     parser.add_argument(

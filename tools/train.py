@@ -32,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    if result.val is not None:
-        print("final val: " + "  ".join(f"{k} {v:.2f}" for k, v in result.val.metrics.items()))
-    print(f"checkpoint: {result.checkpoint}")
+    if result.is_main:
+        if result.val is not None:
+            print("final val: " + "  ".join(f"{k} {v:.2f}" for k, v in result.val.metrics.items()))
+        print(f"checkpoint: {result.checkpoint}")
     return 0
 
 

@@ -27,14 +27,15 @@ def multiscale_cam(
     cam_fn: Callable[[Tensor], Tensor],
     images: Tensor,
     labels: Tensor,
-    scales: Sequence[float] = (1.0, 0.5, 1.5),
+    scales: Sequence[float],
     flip: bool = True,
 ) -> Tensor:
     """Multi-scale (and flipped) CAMs, min-max normalised per image and class.
 
     Args:
-        cam_fn: Maps an image batch ``(N, 3, h, w)`` to raw CAMs ``(N, C-1, h', w')`` at any stride
-            (e.g. a model's CAM method). Called as is: the caller chooses train/eval mode.
+        cam_fn: Maps an image batch ``(N, 3, h, w)`` to raw CAMs ``(N, C-1, h', w')`` whose extent is
+            exactly the input (:meth:`wsss.models.WSSSModel.cam`: the token grid, or pixels where the input
+            was padded to the patch size). Called as is: the caller chooses train/eval mode.
         images: Normalised images ``(B, 3, H, W)``.
         labels: Multi-hot image labels ``(B, C-1)`` (foreground classes only).
         scales: Image scales; each resized with ``int(s * H), int(s * W)`` (bilinear,

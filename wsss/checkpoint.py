@@ -51,7 +51,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what :func:`rng_state` returned (one rank's entry of a checkpoint's ``rng`` list)."""
     torch.set_rng_state(state["torch"])
     keys = state["numpy"]["keys"].numpy().astype(np.uint32)
     np.random.set_state(("MT19937", keys, *state["numpy"]["rest"]))
@@ -71,6 +71,7 @@ def save_checkpoint(
     step: int,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any = None,
+    rng: list[dict[str, Any]] | None = None,
 ) -> None:
     """Write a checkpoint atomically and point the work dir's ``last_checkpoint`` at it.
 
@@ -84,6 +85,7 @@ def save_checkpoint(
         step: Number of iterations completed.
         optimizer: Saved with its state when given (for resuming).
         scheduler: Saved via its ``state_dict()`` when given.
+        rng: Every rank's :func:`rng_state`, rank order (default: this process's alone).
     """
     path = Path(path)
     payload = {
@@ -94,7 +96,7 @@ def save_checkpoint(
         "std": list(std),
         "step": step,
         "git_commit": git_commit(),
-        "rng": rng_state(),
+        "rng": rng if rng is not None else [rng_state()],
     }
     if optimizer is not None:
         payload["optimizer"] = optimizer.state_dict()

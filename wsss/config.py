@@ -25,6 +25,11 @@ class ConfigError(ValueError):
     """A config value is unknown or of the wrong type."""
 
 
+def choice(default: str, *others: str) -> Any:
+    """A string field that accepts only ``default`` or one of ``others`` (checked by :func:`from_dict`)."""
+    return field(default=default, metadata={"choices": (default, *others)})
+
+
 @dataclass
 class DataConfig:
     """Dataset layout and training augmentation."""
@@ -46,8 +51,13 @@ class DataConfig:
     """Brightness, contrast, saturation, hue."""
     color_jitter_prob: float = 0.8
     grayscale_prob: float = 0.2
-    blur_prob: float = 0.1
+    blur_prob: float = 1.0
+    """Gaussian blur probability; the reference blurs every crop."""
     blur_sigma: tuple[float, float] = (0.1, 2.0)
+    pad_rgb: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """RGB (0-255) of the padding that fills a crop larger than the scaled image, applied before the colour
+    augmentation and the normalisation (the reference pads black; the ImageNet mean grey is
+    ``(123.675, 116.28, 103.53)``)."""
     num_workers: int = 2
 
 
@@ -82,12 +92,19 @@ class ModelConfig:
     """Extra keyword arguments to ``timm.create_model`` (e.g. depth for a small toy ViT)."""
     pretrained: str = "hub"
     """``""`` (random init), ``hub`` (timm's default weights), ``hub:<tag>``, or a checkpoint file path."""
-    drop_path_rate: float = 0.1
+    drop_path_rate: float = 0.0
+    """Stochastic depth. The reference uses 0: the no-grad CAM pass runs in train mode, so drop-path would
+    make the pseudo labels random."""
+    freeze_pos_embed: bool = True
+    """Keep the position embedding at its pretrained values (the reference freezes it)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     aux_layer: int = -3
     """Block whose patch tokens (before the final norm) feed the auxiliary classifier."""
     decoder_channels: int = 512
     decoder_dilation: int = 5
+    head_init: str = choice("default", "kaiming")
+    """Init of the classifiers and the decoder (all bias-free): ``default`` is PyTorch's (the reference);
+    ``kaiming`` is Kaiming-normal, which a backbone trained from scratch learns faster with."""
 
 
 @dataclass
@@ -118,9 +135,15 @@ class LossConfig:
     aux_weight: float = 1.0
     seg_weight: float = 0.1
     reg_weight: float = 0.05
-    seg_start_iter: int = 2000
+    seg_start_iter: int = 2001
+    """First (0-based) iteration with ``seg_weight`` and ``reg_weight`` on; the reference keeps them at 0
+    while ``n_iter <= 2000``."""
     reg_energy_weight: float = 1e-7
-    """Multiplier of the dense energy inside the loss (ToCo); ``reg_weight`` then weights the loss."""
+    """Multiplier of the dense energy inside the loss (ToCo's); ``reg_weight`` then weights the loss."""
+    reg_lattice_match: float = 0.59
+    """Factor on ``reg_energy_weight`` that gives the exact dense kernel the strength of the reference's
+    permutohedral lattice (measured on photographs, see :mod:`wsss.losses` and docs/reference.md); 1.0 applies
+    ToCo's weight to the exact energy, which then regularises 1 / 0.59 = 1.7x more strongly."""
     reg_sigma_rgb: float = 15.0
     reg_sigma_xy: float = 100.0
     reg_scale: float = 0.5
@@ -133,6 +156,9 @@ class OptimConfig:
     lr: float = 6e-5
     head_lr_mult: float = 10.0
     weight_decay: float = 0.01
+    no_decay_1d: bool = False
+    """Exempt 1-D parameters (norms, biases), ``pos_embed`` and ``cls_token`` from weight decay (timm's
+    habit); the reference decays every trained parameter."""
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_iters: int = 2500
     warmup_ratio: float = 1e-6
@@ -148,6 +174,12 @@ class TrainConfig:
     seed: int = 0
     amp: bool = True
     """bf16 autocast on GPU (ignored on CPU)."""
+    cam_dtype: str = choice("float32", "bfloat16")
+    """Precision of the no-grad CAM pass that feeds the pseudo labels: ``float32`` (the reference) or
+    ``bfloat16`` (autocast, with ``amp`` on a GPU)."""
+    val_input: str = choice("crop", "original")
+    """Validation input size: ``crop`` resizes each image to ``data.crop_size`` squared and the predictions
+    back to the mask (the reference's logged numbers); ``original`` runs at the image's own size."""
     log_interval: int = 50
     val_interval: int = 5000
     ckpt_interval: int = 5000
@@ -218,7 +250,14 @@ def from_dict(cls: type, data: Any, key: str = "") -> Any:
                 f"unknown config key '{_join(key, name)}'.{hint} Valid keys here: {', '.join(names)}"
             )
     hints = typing.get_type_hints(cls)
-    return cls(**{name: _coerce(hints[name], value, _join(key, name)) for name, value in data.items()})
+    choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(cls) if "choices" in f.metadata}
+    values = {name: _coerce(hints[name], value, _join(key, name)) for name, value in data.items()}
+    for name, value in values.items():
+        if name in choices and value not in choices[name]:
+            raise ConfigError(
+                f"config key '{_join(key, name)}': {value!r} is not one of {', '.join(map(repr, choices[name]))}"
+            )
+    return cls(**values)
 
 
 def _join(prefix: str, name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,15 @@ def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(x)
         x /= dist.get_world_size()
     return x
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (``[obj]`` when not distributed). Every rank must call it."""
+    if dist.is_available() and dist.is_initialized():
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
 
 
 def barrier() -> None:

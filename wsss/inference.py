@@ -3,7 +3,7 @@
 Test-time augmentation (DESIGN.md section 3, "inference"), :func:`tta_forward` / :func:`predict_logits`:
 per scale ``s`` the image is resized to ``(int(s * H), int(s * W))`` (bilinear, ``align_corners=False``,
 the rule of :func:`wsss.cam.multiscale_cam`), run batched with its horizontal flip, the stride-16 logits
-are brought to the scaled image's pixels with :func:`~wsss.models.segmentor.resize_to_image` (exact patch
+are brought to the scaled image's extent with :func:`~wsss.models.segmentor.maps_to_pixels` (exact patch
 alignment, padding cropped), resized to ``(H, W)``, the flipped half un-flipped, and the two summed; the
 result is the elementwise max over scales.
 
@@ -74,7 +74,7 @@ from wsss.data.folder import Skipped, scan_folder
 from wsss.data.transforms import normalize
 from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
 from wsss.io import atomic_write_bytes, atomic_write_text, read_image, save_image, save_mask
-from wsss.models.segmentor import resize_to_image
+from wsss.models.segmentor import maps_to_pixels
 from wsss.visualize import cam_overlay, mask_overlay
 
 THUMB_SIZE = 256
@@ -127,8 +127,8 @@ def _scaled_size(scale: float, size: Sequence[int]) -> tuple[int, int]:
 def tta_forward(
     model: torch.nn.Module,
     images: Tensor,
-    scales: Sequence[float] = (1.0, 1.25, 1.5),
-    flip: bool = True,
+    scales: Sequence[float],
+    flip: bool,
     cams: bool = False,
 ) -> TTAOutput:
     """Multi-scale (and flipped) segmentation logits of a batch of same-size images, in one pass per scale.
@@ -157,7 +157,7 @@ def tta_forward(
         if flip:
             x = torch.cat([x, x.flip(-1)], dim=0)
         out = model(x)
-        seg = _to_image(out.seg.float(), size, (h, w), model.stride)
+        seg = maps_to_pixels(out.seg.float(), size, model.stride, (h, w))
         if flip:
             seg = seg[:b] + seg[b:].flip(-1)
         seg_max = seg if seg_max is None else torch.maximum(seg_max, seg)
@@ -165,7 +165,7 @@ def tta_forward(
         cls_sum = cls_sum + (logits[:b] + logits[b:] if flip else logits)
         passes += 2 if flip else 1
         if cams:
-            cam = _to_image(model.classifier.cam(out.features).float(), size, (h, w), model.stride)
+            cam = maps_to_pixels(model.classifier.cam(out.features).float(), size, model.stride, (h, w))
             if flip:
                 cam = torch.maximum(cam[:b], cam[b:].flip(-1))
             cam = F.relu(cam)
@@ -175,16 +175,8 @@ def tta_forward(
     return TTAOutput(seg=seg_max, cls_logits=cls_sum / passes, cam=cam_sum)
 
 
-def _to_image(maps: Tensor, scaled: tuple[int, int], size: tuple[int, int], stride: int) -> Tensor:
-    """Token-grid maps of an image resized to ``scaled`` -> (B, K, *size) pixels of the original image."""
-    maps = resize_to_image(maps, scaled, stride)
-    if scaled != size:
-        maps = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
-    return maps
-
-
 def predict_logits(
-    model: torch.nn.Module, image: Tensor, scales: Sequence[float] = (1.0, 1.25, 1.5), flip: bool = True
+    model: torch.nn.Module, image: Tensor, scales: Sequence[float], flip: bool
 ) -> Tensor:
     """TTA segmentation logits: (B, 3, H, W) normalised images (B = 1 usually) -> (B, C, H, W) float32.
 

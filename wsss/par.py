@@ -64,13 +64,7 @@ class PAR(nn.Module):
         w2: Weight of the position term.
     """
 
-    def __init__(
-        self,
-        dilations: Sequence[int] = (1, 2, 4, 8, 12, 24),
-        num_iter: int = 10,
-        w1: float = 0.3,
-        w2: float = 0.01,
-    ):
+    def __init__(self, dilations: Sequence[int], num_iter: int, w1: float, w2: float):
         super().__init__()
         if not dilations or min(dilations) < 1:
             raise ValueError(f"PAR dilations must be positive integers, got {tuple(dilations)}")

@@ -72,7 +72,7 @@ def refine_cams_with_par(
     labels: Tensor,
     bg_values: Sequence[float],
     par: PAR,
-    scale: float = 0.5,
+    scale: float,
 ) -> Tensor:
     """PAR-refined label maps, one per constant background value.
 
@@ -120,10 +120,10 @@ def pseudo_labels(
     labels: Tensor,
     valid_mask: Tensor | None,
     par: PAR,
-    fg_thresh: float = 0.7,
-    bg_thresh: float = 0.25,
-    scale: float = 0.5,
-    ignore_index: int = 255,
+    fg_thresh: float,
+    bg_thresh: float,
+    scale: float,
+    ignore_index: int,
 ) -> Tensor:
     """Dual-threshold PAR-refined pseudo labels.
 
@@ -144,6 +144,13 @@ def pseudo_labels(
         Long labels ``(B, H, W)``: 0 = background, ``k + 1`` = class ``k``, ``ignore_index`` elsewhere.
     """
     high, low = refine_cams_with_par(images, cams, labels, (fg_thresh, bg_thresh), par, scale)
+    return combine_dual_threshold(high, low, valid_mask, ignore_index)
+
+
+def combine_dual_threshold(high: Tensor, low: Tensor, valid_mask: Tensor | None, ignore_index: int) -> Tensor:
+    """Pseudo labels from the refined label maps of the ``fg_thresh`` (``high``) and ``bg_thresh`` (``low``)
+    stacks, each ``(B, H, W)``: foreground where ``high`` says so, background where both say background,
+    ``ignore_index`` elsewhere and outside ``valid_mask`` (``(B, H, W)`` bool, or None)."""
     out = torch.where(high > 0, high, torch.full_like(high, ignore_index))
     out = torch.where((high == 0) & (low == 0), torch.zeros_like(out), out)
     if valid_mask is not None:

@@ -21,9 +21,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 
-def lr_factor(
-    it: int, max_iters: int, warmup_iters: int = 2500, warmup_ratio: float = 1e-6, power: float = 0.9
-) -> float:
+def lr_factor(it: int, max_iters: int, warmup_iters: int, warmup_ratio: float, power: float) -> float:
     """The multiplier of the base learning rate at iteration ``it`` (see the module docstring)."""
     if it < warmup_iters:
         return 1.0 - (1.0 - it / warmup_iters) * (1.0 - warmup_ratio)
@@ -32,14 +30,7 @@ def lr_factor(
     return (1.0 - it / max_iters) ** power
 
 
-def lr_at(
-    it: int,
-    base_lr: float,
-    max_iters: int,
-    warmup_iters: int = 2500,
-    warmup_ratio: float = 1e-6,
-    power: float = 0.9,
-) -> float:
+def lr_at(it: int, base_lr: float, max_iters: int, warmup_iters: int, warmup_ratio: float, power: float) -> float:
     """Learning rate at iteration ``it``: ``base_lr * lr_factor(...)``."""
     return base_lr * lr_factor(it, max_iters, warmup_iters, warmup_ratio, power)
 
@@ -65,9 +56,9 @@ class PolyWarmupScheduler(LRScheduler):
         self,
         optimizer: Optimizer,
         max_iters: int,
-        warmup_iters: int = 2500,
-        warmup_ratio: float = 1e-6,
-        power: float = 0.9,
+        warmup_iters: int,
+        warmup_ratio: float,
+        power: float,
         last_epoch: int = -1,
     ):
         self.max_iters = max_iters

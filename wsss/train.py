@@ -1,14 +1,9 @@
 """The training loop, top to bottom: data, model, optimiser, then one step at a time.
 
-One step (DESIGN.md section 1)::
-
-    crops -> model -> L_cls (final) + aux_weight * L_cls (aux)
-    from seg_start_iter on, also:
-    crops -> no-grad multi-scale CAM -> dual-threshold PAR pseudo labels
-          -> seg_weight * L_seg (balanced CE) + reg_weight * L_reg (dense energy on the seg softmax)
-
-Single process on CPU or GPU; ``torchrun`` for several GPUs or nodes (DDP). Checkpoints hold everything a
-resumed run needs, so N iterations + resume + M iterations give the weights of N + M uninterrupted ones.
+One step is :class:`wsss.step.TrainingStep` (its module docstring shows the data flow). Single process on
+CPU or GPU; ``torchrun`` for several GPUs or nodes (DDP). Checkpoints hold everything a resumed run needs,
+every rank's random state included, so N iterations + resume + M iterations give the weights of N + M
+uninterrupted ones. Loss terms accumulate on the device and are averaged over ranks at each log interval.
 """
 
 from __future__ import annotations
@@ -22,23 +17,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from wsss.cam import multiscale_cam
-from wsss.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from wsss.checkpoint import find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from wsss.config import Config, dump_config
-from wsss.data.transforms import backbone_mean_std, denormalize
+from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
-from wsss.distributed import DistInfo, ResumableSampler, all_reduce_mean, barrier, init_distributed
+from wsss.distributed import (
+    DistInfo,
+    ResumableSampler,
+    all_gather_objects,
+    all_reduce_mean,
+    barrier,
+    init_distributed,
+)
 from wsss.evaluation import format_table
-from wsss.losses import DenseEnergyLoss, balanced_seg_ce, multilabel_soft_margin
 from wsss.models import WSSSModel, build_model
-from wsss.par import PAR
-from wsss.pseudo_label import boxes_to_mask, pseudo_labels
 from wsss.schedule import PolyWarmupScheduler
+from wsss.step import TERMS, TrainingStep
 from wsss.validate import ValResult, validate
 
 
@@ -54,60 +52,35 @@ class TrainResult:
     checkpoint: Path | None
     step: int
     model: WSSSModel
+    is_main: bool = True
+    """Whether this process is rank 0 (the one that writes files and prints)."""
     val: ValResult | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+    """Per log interval: ``step`` and the mean of each loss term over the interval and the ranks."""
 
 
-class Step:
-    """Everything one training step needs besides the batch: losses, PAR, constants from the config."""
+class LossMeter:
+    """Running sums of the loss terms on the device; :meth:`pop` averages them over steps and ranks with one
+    host synchronisation."""
 
-    def __init__(self, cfg: Config, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device):
-        self.cfg = cfg
-        self.mean, self.std = mean, std
-        self.par = PAR.from_config(cfg.par).to(device)
-        self.energy = DenseEnergyLoss(
-            weight=cfg.loss.reg_energy_weight,
-            sigma_rgb=cfg.loss.reg_sigma_rgb,
-            sigma_xy=cfg.loss.reg_sigma_xy,
-            scale_factor=cfg.loss.reg_scale,
-            ignore_index=cfg.data.ignore_index,
-        )
-        self.amp = cfg.train.amp and device.type == "cuda"
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
 
-    def __call__(
-        self, model: torch.nn.Module, bare: WSSSModel, batch: dict, it: int
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Total loss of ``batch`` at iteration ``it`` and its parts (floats, for logging)."""
-        cfg = self.cfg
-        images, labels, boxes = batch["image"], batch["label"], batch["box"]
-        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            out = model(images)
-        loss_cls = multilabel_soft_margin(out.logits.float(), labels)
-        loss_aux = multilabel_soft_margin(out.aux_logits.float(), labels)
-        loss = loss_cls + cfg.loss.aux_weight * loss_aux
-        parts = {"cls": loss_cls.item(), "aux": loss_aux.item()}
-        if it < cfg.loss.seg_start_iter or cfg.loss.seg_weight == cfg.loss.reg_weight == 0:
-            # Keep the decoder in the graph so DDP sees a gradient (zero) for every parameter.
-            return loss + 0.0 * out.seg.float().sum(), parts
+    def add(self, terms: dict[str, torch.Tensor]) -> None:
+        for k, v in terms.items():
+            v = v.detach().float()
+            self.sums[k] = self.sums[k] + v if k in self.sums else v
+            self.counts[k] = self.counts.get(k, 0) + 1
 
-        h, w = images.shape[-2:]
-        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            cams = multiscale_cam(bare.cam, images, labels, cfg.cam.scales)
-        rgb01 = denormalize(images.float(), self.mean, self.std)
-        valid = boxes_to_mask(boxes, h, w)
-        target = pseudo_labels(
-            rgb01, cams, labels, valid, self.par, cfg.cam.fg_thresh, cfg.cam.bg_thresh,
-            cfg.par.scale, cfg.data.ignore_index,
-        )  # fmt: skip
-        seg = F.interpolate(out.seg.float(), size=(h, w), mode="bilinear", align_corners=False)
-        loss_seg = balanced_seg_ce(seg, target, cfg.data.ignore_index)
-        loss = loss + cfg.loss.seg_weight * loss_seg
-        parts["seg"] = loss_seg.item()
-        if cfg.loss.reg_weight > 0:
-            loss_reg = self.energy(rgb01 * 255.0, seg.softmax(dim=1), valid, target)
-            loss = loss + cfg.loss.reg_weight * loss_reg
-            parts["reg"] = loss_reg.item()
-        return loss, parts
+    def pop(self) -> dict[str, float]:
+        """The mean of each term since the last pop, averaged over ranks (every rank must call it together)."""
+        keys = sorted(self.sums, key=lambda k: TERMS.index(k) if k in TERMS else len(TERMS))
+        if not keys:
+            return {}
+        means = all_reduce_mean(torch.stack([self.sums[k] / self.counts[k] for k in keys])).tolist()
+        self.sums, self.counts = {}, {}
+        return dict(zip(keys, means, strict=True))
 
 
 def batches(
@@ -157,31 +130,27 @@ def train(
     train_set = VOCClsDataset(cfg.data, mean, std, seed=cfg.train.seed)
     val_set = VOCSegDataset(cfg.data, mean, std)
     classes = train_set.classes
-    bare = build_model(cfg.model, num_classes=len(classes)).to(dist_info.device)
-    optimizer = torch.optim.AdamW(
-        bare.param_groups(cfg.optim.lr, cfg.optim.head_lr_mult, cfg.optim.weight_decay), betas=cfg.optim.betas
-    )
-    scheduler = PolyWarmupScheduler(
-        optimizer, cfg.train.max_iters, cfg.optim.warmup_iters, cfg.optim.warmup_ratio, cfg.optim.power
-    )
+    raw_model = build_model(cfg.model, num_classes=len(classes)).to(dist_info.device)
+    optim = cfg.optim
+    groups = raw_model.param_groups(optim.lr, optim.head_lr_mult, optim.weight_decay, optim.no_decay_1d)
+    optimizer = torch.optim.AdamW(groups, betas=optim.betas)
+    scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, optim.warmup_iters, optim.warmup_ratio, optim.power)
 
     start = 0
     ckpt_path = find_resume_checkpoint(work) if resume is True else (Path(resume) if resume else None)
     if ckpt_path is not None:
         ckpt = load_checkpoint(ckpt_path, map_location=dist_info.device)
-        bare.load_state_dict(ckpt["model"], strict=True)
+        raw_model.load_state_dict(ckpt["model"], strict=True)
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         start = int(ckpt["step"])
-        set_rng_state(ckpt["rng"])
-        if dist_info.rank > 0:  # each rank continues its own stream, as in an uninterrupted run
-            torch.manual_seed(cfg.train.seed + dist_info.rank + start)
+        _restore_rng(ckpt["rng"], dist_info, cfg.train.seed + start)
     if dist_info.is_main:
         work.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, work / "config.py")
         if ckpt_path is not None:
             print(f"resuming from {ckpt_path} at iteration {start}")
-    model = _wrap(bare, dist_info)
+    model = _wrap(raw_model, dist_info)
 
     sampler = ResumableSampler(train_set, dist_info.world_size, dist_info.rank, seed=cfg.train.seed)
     loader = DataLoader(
@@ -193,47 +162,55 @@ def train(
         pin_memory=dist_info.device.type == "cuda",
         generator=torch.Generator().manual_seed(cfg.train.seed),  # keeps the global RNG stream untouched
     )
-    step = Step(cfg, mean, std, dist_info.device)
+    step = TrainingStep(cfg, mean, std, dist_info.device)
+    meter = LossMeter()
     writer = _writer(work) if dist_info.is_main else None
-    result = TrainResult(work_dir=work, checkpoint=ckpt_path, step=start, model=bare)
+    result = TrainResult(work_dir=work, checkpoint=ckpt_path, step=start, model=raw_model, is_main=dist_info.is_main)
     model.train()
     data = batches(loader, sampler, train_set, start)
     bar = tqdm(
         total=cfg.train.max_iters, initial=start, desc="train", unit="it", dynamic_ncols=True,
         disable=not dist_info.is_main,
     )  # fmt: skip
+    tic, last_log = time.perf_counter(), start
     for it in range(start, cfg.train.max_iters):
-        tic = time.perf_counter()
         batch = to_device(next(data), dist_info.device)
-        loss, parts = step(model, bare, batch, it)
+        loss, terms = step(model, raw_model, batch, it)
         finite = all_reduce_mean(torch.isfinite(loss.detach()).float())
         if finite.item() < 1.0:
+            parts = ", ".join(f"{k}={v.item():.4g}" for k, v in terms.items())
             raise NonFiniteLossError(
-                f"non-finite loss at iteration {it} ({', '.join(f'{k}={v:.4g}' for k, v in parts.items())}); "
-                f"stopped before updating the weights. Last good checkpoint: "
-                f"{result.checkpoint or 'none yet'}. Lower optim.lr or check the data."
+                f"non-finite loss at iteration {it} ({parts}); stopped before updating the weights. Last good "
+                f"checkpoint: {result.checkpoint or 'none yet'}. Lower optim.lr or check the data."
             )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         scheduler.step()
+        meter.add({**terms, "loss": loss})
         done = it + 1
         result.step = done
-        parts["loss"] = loss.item()
         bar.update(1)
-        bar.set_postfix({k: f"{v:.3f}" for k, v in parts.items()}, refresh=False)
-        if writer is not None and (done % cfg.train.log_interval == 0 or done == cfg.train.max_iters):
-            for k, v in parts.items():
-                writer.add_scalar(f"loss/{k}", v, done)
-            writer.add_scalar("lr/backbone", optimizer.param_groups[0]["lr"], done)
-            writer.add_scalar("time/step_s", time.perf_counter() - tic, done)
-            result.history.append({"step": done, **parts})
+        if done % cfg.train.log_interval == 0 or done == cfg.train.max_iters:
+            logged = meter.pop()
+            seconds = (time.perf_counter() - tic) / (done - last_log)
+            tic, last_log = time.perf_counter(), done
+            bar.set_postfix({k: f"{v:.3f}" for k, v in logged.items()}, refresh=False)
+            if writer is not None:
+                for k, v in logged.items():
+                    writer.add_scalar(f"loss/{k}", v, done)
+                writer.add_scalar("lr/backbone", optimizer.param_groups[0]["lr"], done)
+                writer.add_scalar("time/step_s", seconds, done)
+            result.history.append({"step": done, **logged})
         if done % cfg.train.val_interval == 0 or done == cfg.train.max_iters:
-            result.val = _validate(bare, val_set, cfg, dist_info, writer, done)
+            result.val = _validate(raw_model, val_set, cfg, dist_info, writer, done)
         if done % cfg.train.ckpt_interval == 0 or done == cfg.train.max_iters:
+            rng = all_gather_objects(rng_state())
             if dist_info.is_main:
                 result.checkpoint = work / f"iter_{done}.pth"
-                save_checkpoint(result.checkpoint, bare, cfg, classes, mean, std, done, optimizer, scheduler)
+                save_checkpoint(
+                    result.checkpoint, raw_model, cfg, classes, mean, std, done, optimizer, scheduler, rng
+                )
             barrier()
     bar.close()
     if writer is not None:
@@ -241,11 +218,25 @@ def train(
     return result
 
 
-def _wrap(bare: WSSSModel, info: DistInfo) -> torch.nn.Module:
+def _restore_rng(states: list | dict, info: DistInfo, fallback_seed: int) -> None:
+    """Give each rank back its own random state; a checkpoint of another world size cannot resume exactly."""
+    states = states if isinstance(states, list) else [states]
+    if len(states) == info.world_size:
+        set_rng_state(states[info.rank])
+        return
+    torch.manual_seed(fallback_seed + info.rank)
+    if info.is_main:
+        print(
+            f"warning: the checkpoint holds the random state of {len(states)} process(es), this run has "
+            f"{info.world_size}: training continues, but not bit-identically to an uninterrupted run"
+        )
+
+
+def _wrap(raw_model: WSSSModel, info: DistInfo) -> torch.nn.Module:
     if not info.enabled:
-        return bare
+        return raw_model
     ids = [info.device.index] if info.device.type == "cuda" else None
-    return DistributedDataParallel(bare, device_ids=ids)
+    return DistributedDataParallel(raw_model, device_ids=ids)
 
 
 def _writer(work: Path):
@@ -255,9 +246,9 @@ def _writer(work: Path):
 
 
 def _validate(
-    bare: WSSSModel, val_set: VOCSegDataset, cfg: Config, info: DistInfo, writer, step: int
+    raw_model: WSSSModel, val_set: VOCSegDataset, cfg: Config, info: DistInfo, writer, step: int
 ) -> ValResult:
-    res = validate(bare, val_set, cfg, info.device, cfg.train.val_max_images)
+    res = validate(raw_model, val_set, cfg, info.device, cfg.train.val_max_images)
     if info.is_main:
         summary = "  ".join(f"{k} {v:.2f}" for k, v in res.metrics.items())
         tqdm.write(f"[iter {step}] val: {summary}")

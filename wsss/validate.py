@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
@@ -16,7 +16,7 @@ from wsss.config import Config
 from wsss.data.transforms import denormalize
 from wsss.data.voc import VOCSegDataset, collate_list
 from wsss.evaluation import ConfusionMatrix, SegMetrics
-from wsss.models.segmentor import WSSSModel, resize_to_image
+from wsss.models.segmentor import WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
 from wsss.visualize import cam_overlay, mask_overlay
@@ -45,6 +45,10 @@ def validate(
     ``cfg.cam.infer_bg_thresh``, image-level labels from the ground truth as in the WSSS literature) and
     single-scale segmentation. One confusion-matrix implementation (:mod:`wsss.evaluation`) serves all.
 
+    With ``cfg.train.val_input == "crop"`` (the reference) each image is resized to ``data.crop_size``
+    squared and the CAMs and segmentation logits are resized back to the mask; with ``"original"`` the
+    model sees the image at its own size.
+
     Under ``torchrun`` every rank scores every ``world_size``-th image and the matrices are summed, so
     all ranks must call this together; pictures come from rank 0's first images.
     """
@@ -68,10 +72,15 @@ def validate(
         image = batch["image"][0][None].to(device)
         gt = batch["mask"][0].to(device)
         labels = labels_from_mask(gt, num_classes)[None]
-        size = image.shape[-2:]
-        cam = multiscale_cam(model.pixel_cam, image, labels, cfg.cam.scales)
-        aux_cam = multiscale_cam(partial(model.pixel_cam, aux=True), image, labels, cfg.cam.scales)
-        seg = resize_to_image(model(image).seg, size, model.stride).argmax(dim=1)
+        size = tuple(gt.shape)
+        if cfg.train.val_input == "crop":
+            crop = (cfg.data.crop_size, cfg.data.crop_size)
+            image = F.interpolate(image, size=crop, mode="bilinear", align_corners=False)
+        crop_size = tuple(image.shape[-2:])  # CAMs are already pixels (stride 1); the seg logits are tokens
+        cam = maps_to_pixels(multiscale_cam(model.cam, image, labels, cfg.cam.scales), crop_size, 1, size)
+        aux_cam = multiscale_cam(lambda x: model.cam(x, aux=True), image, labels, cfg.cam.scales)
+        aux_cam = maps_to_pixels(aux_cam, crop_size, 1, size)
+        seg = maps_to_pixels(model(image).seg, crop_size, model.stride, size).argmax(dim=1)
         cam_pred = cam_to_label(cam, labels, cfg.cam.infer_bg_thresh)
         matrices["cam"].update(cam_pred, gt[None])
         matrices["aux_cam"].update(cam_to_label(aux_cam, labels, cfg.cam.infer_bg_thresh), gt[None])
@@ -79,7 +88,7 @@ def validate(
         if rank == 0 and i < num_pictures:
             raw = batch["raw"][0]
             pseudo = pseudo_labels(
-                denormalize(image, dataset.mean, dataset.std), cam, labels, None, par,
+                denormalize(batch["image"][0][None].to(device), dataset.mean, dataset.std), cam, labels, None, par,
                 cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale, cfg.data.ignore_index,
             )  # fmt: skip
             panels = [
@@ -99,3 +108,4 @@ def validate(
         metrics[f"{name}_mIoU"] = result.summary["mIoU"]
         tables[name] = result
     return ValResult(metrics=metrics, tables=tables, pictures=pictures)
+

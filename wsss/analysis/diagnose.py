@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from wsss.analysis.oversmoothing import layer_stats
+from wsss.analysis.oversmoothing import RANK_THRESHOLD, layer_stats
 from wsss.data.folder import ImageFolderDataset, Skipped
 from wsss.io import atomic_write_bytes, atomic_write_text
 
@@ -262,7 +262,7 @@ def _prepare_models(models: Mapping[str, ModelEntry], device: str | torch.device
 def diagnose(
     models: Mapping[str, ModelEntry],
     images: Iterable[torch.Tensor],
-    threshold: float = 1e-3,
+    threshold: float = RANK_THRESHOLD,
     device: str | torch.device = "cpu",
 ) -> list[dict[str, Any]]:
     """Per-block statistics of every model, mean and std over ``images``.
@@ -293,7 +293,7 @@ def diagnose_folder(
     root: str | Path,
     size: int = 224,
     max_images: int | None = None,
-    threshold: float = 1e-3,
+    threshold: float = RANK_THRESHOLD,
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> FolderDiagnosis:

@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+RANK_THRESHOLD = 1e-3
+"""Relative singular-value threshold of the numerical rank (the paper, sec. 4.1)."""
+
 
 def token_cosine_similarity(tokens: torch.Tensor) -> torch.Tensor:
     """Mean cosine similarity over all pairs of distinct tokens.
@@ -67,7 +70,7 @@ def effective_rank(x: torch.Tensor) -> torch.Tensor:
     return erank.to(x.dtype if x.is_floating_point() else torch.float64)
 
 
-def numerical_rank(a: torch.Tensor, threshold: float = 1e-3) -> torch.Tensor:
+def numerical_rank(a: torch.Tensor, threshold: float = RANK_THRESHOLD) -> torch.Tensor:
     """Number of singular values of ``A / ||A||_F`` above ``threshold``.
 
     This is the rank measure of the Centered Self-Attention paper (sec. 4.1). An all-zero matrix has rank 0.
@@ -110,7 +113,7 @@ def _attribute_matrices(block: nn.Module, mats: list[torch.Tensor], sink: list[t
 
 
 @torch.no_grad()
-def layer_stats(model: nn.Module, images: torch.Tensor, threshold: float = 1e-3) -> list[dict[str, Any]]:
+def layer_stats(model: nn.Module, images: torch.Tensor, threshold: float = RANK_THRESHOLD) -> list[dict[str, Any]]:
     """Per-block oversmoothing statistics of a timm ViT on one batch.
 
     Token statistics use each block's output patch tokens (prefix tokens such as the class token dropped,

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wsss.analysis.oversmoothing import RANK_THRESHOLD
 from wsss.io import atomic_write_bytes, atomic_write_text
 
 ARCHS = ("pre_ln", "post_ln", "residual")
@@ -99,7 +100,7 @@ def offset_attention(x: torch.Tensor, gammas: torch.Tensor, weights: torch.Tenso
     return attn @ v + gammas.view(-1, 1, 1) * v.mean(dim=-2, keepdim=True)
 
 
-def gram_rank(m: torch.Tensor, threshold: float = 1e-3) -> torch.Tensor:
+def gram_rank(m: torch.Tensor, threshold: float = RANK_THRESHOLD) -> torch.Tensor:
     """:func:`~wsss.analysis.oversmoothing.numerical_rank` through the eigenvalues of the Gram matrix.
 
     ``sigma_i / ||M||_F > t`` iff ``lambda_i(M M^T) / tr(M M^T) > t^2``. Symmetric eigenvalues of the
@@ -156,7 +157,7 @@ def simulate_rank(
     n: int = 100,
     d: int | None = None,
     seed: int = 0,
-    threshold: float = 1e-3,
+    threshold: float = RANK_THRESHOLD,
     on_layer: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """Rank of the network output after every layer, for every gamma.
@@ -207,7 +208,7 @@ def run_grid(
     depth: int,
     n: int = 100,
     seed: int = 0,
-    threshold: float = 1e-3,
+    threshold: float = RANK_THRESHOLD,
     progress: bool = True,
 ) -> dict[tuple[str, str], torch.Tensor]:
     """:func:`simulate_rank` for every (arch, init), with one tqdm bar over all layers.

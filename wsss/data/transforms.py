@@ -45,7 +45,7 @@ class Sample:
     """One augmented training crop."""
 
     image: np.ndarray
-    """(crop, crop, 3) float32, normalised; padding is 0."""
+    """(crop, crop, 3) float32, normalised; padding is ``DataConfig.pad_rgb`` before the colour augmentation."""
     mask: np.ndarray
     """(crop, crop) uint8 class indices; padding is the ignore index."""
     box: np.ndarray
@@ -53,41 +53,42 @@ class Sample:
 
 
 class TrainAugment:
-    """Training augmentation (DESIGN.md section 3), reproducible per call from an integer seed.
+    """Training augmentation in the reference's order (DESIGN.md section 3), reproducible from an integer seed.
 
-    Order: colour jitter, grayscale and blur on the original image; normalisation; random scale; zero
-    padding to the crop size at a random position; random crop; horizontal flip. The mask follows every
-    geometric step (nearest interpolation, padded with the ignore index). The valid box is tracked as a
-    third target so it is exact after scale, pad, crop and flip.
+    Geometry first, on the uint8 image: random scale, horizontal flip, padding with ``pad_rgb`` to the crop
+    size at a random position, random crop. Then, on the crop (padding included): colour jitter, grayscale,
+    Gaussian blur; then normalisation. The mask follows every geometric step (nearest interpolation, padded
+    with the ignore index). The valid box is tracked as a third target so it is exact after scale, flip, pad
+    and crop. (The reference also flips the crop a second time without flipping its box; here the box always
+    matches the pixels.)
     """
 
     def __init__(self, cfg: DataConfig, mean: tuple[float, ...], std: tuple[float, ...]):
         crop = cfg.crop_size
         lo, hi = cfg.scale_range
         b, c, s, h = cfg.color_jitter
-        self.ignore_index = cfg.ignore_index
         self.transform = A.Compose(
             [
-                A.ColorJitter(brightness=b, contrast=c, saturation=s, hue=h, p=cfg.color_jitter_prob),
-                A.ToGray(p=cfg.grayscale_prob),
-                A.GaussianBlur(blur_limit=0, sigma_limit=cfg.blur_sigma, p=cfg.blur_prob),
-                A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
                 A.RandomScale(
                     scale_limit=(lo - 1.0, hi - 1.0),
                     interpolation=cv2.INTER_LINEAR,
                     mask_interpolation=cv2.INTER_NEAREST,
                     p=1.0,
                 ),
+                A.HorizontalFlip(p=cfg.hflip_prob),
                 A.PadIfNeeded(
                     min_height=crop,
                     min_width=crop,
                     position="random",
                     border_mode=cv2.BORDER_CONSTANT,
-                    fill=0,
+                    fill=tuple(cfg.pad_rgb),
                     fill_mask=cfg.ignore_index,
                 ),
                 A.RandomCrop(height=crop, width=crop),
-                A.HorizontalFlip(p=cfg.hflip_prob),
+                A.ColorJitter(brightness=b, contrast=c, saturation=s, hue=h, p=cfg.color_jitter_prob),
+                A.ToGray(p=cfg.grayscale_prob),
+                A.GaussianBlur(blur_limit=0, sigma_limit=cfg.blur_sigma, p=cfg.blur_prob),
+                A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
             ],
             additional_targets={"valid": "mask"},
         )

@@ -26,7 +26,7 @@ from wsss.models.backbone import (
     resolve_block_indices,
 )
 from wsss.models.heads import Classifier, LargeFOV
-from wsss.models.segmentor import ModelOutput, WSSSModel, build_model, resize_to_image
+from wsss.models.segmentor import ModelOutput, WSSSModel, build_model, cover_image, maps_to_pixels, resize_to_image
 
 __all__ = [
     "ATTENTION_VARIANTS",
@@ -48,10 +48,12 @@ __all__ = [
     "build_attention",
     "build_backbone",
     "build_model",
+    "cover_image",
     "create_vit",
     "get_variant",
     "link_first_values",
     "load_timm_checkpoint",
+    "maps_to_pixels",
     "record_attention",
     "resize_to_image",
     "resolve_block_indices",

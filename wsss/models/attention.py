@@ -189,7 +189,7 @@ class CenteredAttention(VariantAttention):
 
     config_fields = ("gamma",)
 
-    def __init__(self, dim: int, num_heads: int = 8, gamma: float = -1.0, **timm_kwargs: Any) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, gamma: float, **timm_kwargs: Any) -> None:
         super().__init__(dim, num_heads=num_heads, **timm_kwargs)
         self.gamma = float(gamma)
 
@@ -238,7 +238,7 @@ class NeuTRENOAttention(VariantAttention):
 
     config_fields = ("lam",)
 
-    def __init__(self, dim: int, num_heads: int = 8, lam: float = 0.6, **timm_kwargs: Any) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, lam: float, **timm_kwargs: Any) -> None:
         super().__init__(dim, num_heads=num_heads, **timm_kwargs)
         self.lam = float(lam)
         self.first_values = FirstValues()
@@ -284,7 +284,8 @@ class GFSAAttention(VariantAttention):
     """Graph-filter self-attention (Choi et al., ICLR 2024): output ``H V`` with
     ``H = w0 I + w1 A + wK (A + (K-1)(A^2 - A))`` and learnable ``w0, w1, wK`` per head.
 
-    Fused: ``A V`` and ``A^2 V = A (A V)`` are two SDPA calls. The weights start at ``w0 = 0, w1 = 1,
+    Fused: ``A V`` and ``A^2 V = A (A V)`` are two SDPA calls. With attention dropout in training the explicit
+    path runs instead, so that both products use one dropped ``A``. The weights start at ``w0 = 0, w1 = 1,
     wK = 0``, where the layer equals vanilla attention.
 
     Args:
@@ -296,7 +297,7 @@ class GFSAAttention(VariantAttention):
 
     config_fields = ("k",)
 
-    def __init__(self, dim: int, num_heads: int = 8, k: int = 3, **timm_kwargs: Any) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, k: int, **timm_kwargs: Any) -> None:
         super().__init__(dim, num_heads=num_heads, **timm_kwargs)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"gfsa: k must be an integer >= 1, got {k!r}")
@@ -311,6 +312,9 @@ class GFSAAttention(VariantAttention):
         return tuple(w.to(dtype).view(1, -1, 1, 1) for w in (self.w0, self.w1, self.wk))
 
     def mix_fused(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.training and self.attn_drop.p > 0:
+            # A (A V) must apply one dropped A twice; two SDPA calls would draw two dropout masks.
+            return self.mix_explicit(q, k, v)[0]
         w0, w1, wk = self.head_weights(v.dtype)
         av = self.sdpa(q, k, v)
         aav = self.sdpa(q, k, av)
@@ -348,9 +352,10 @@ class ContraNorm(nn.Module):
     def __init__(
         self,
         dim: int,
-        scale: float = 0.2,
-        tau: float = 1.0,
-        normalize: bool = True,
+        *,
+        scale: float,
+        tau: float,
+        normalize: bool,
         eps: float = 1e-6,
         device: Any = None,
         dtype: Any = None,
@@ -406,9 +411,10 @@ class ContraNormBlock(Block):
         self,
         dim: int,
         num_heads: int,
-        scale: float = 0.2,
-        tau: float = 1.0,
-        normalize: bool = True,
+        *,
+        scale: float,
+        tau: float,
+        normalize: bool,
         **block_kwargs: Any,
     ) -> None:
         super().__init__(dim, num_heads, attn_layer=VanillaAttention, **block_kwargs)
@@ -416,7 +422,7 @@ class ContraNormBlock(Block):
         self.contra_norm = ContraNorm(dim, scale=scale, tau=tau, normalize=normalize, **factory)
 
     @classmethod
-    def from_timm(cls, block: Block, scale: float = 0.2, tau: float = 1.0, normalize: bool = True) -> ContraNormBlock:
+    def from_timm(cls, block: Block, *, scale: float, tau: float, normalize: bool) -> ContraNormBlock:
         """The ContraNorm block around the submodules (and weights) of a timm ``Block``."""
         if type(block) is not Block:
             raise TypeError(f"contranorm needs timm's vision_transformer.Block, got {type(block).__name__}")
@@ -464,7 +470,7 @@ def get_variant(name: str) -> type[nn.Module]:
 
 
 def build_attention(name: str, **kwargs: Any) -> nn.Module:
-    """A new variant module, e.g. ``build_attention("centered", dim=384, num_heads=6, qkv_bias=True)``.
+    """A new variant module, e.g. ``build_attention("centered", dim=384, num_heads=6, gamma=-1.0, qkv_bias=True)``.
 
     Args:
         name: One of :data:`ATTENTION_VARIANTS`.

@@ -18,12 +18,14 @@ class Classifier(nn.Module):
     Args:
         in_channels: Token dimension D.
         num_classes: Foreground classes (C - 1).
+        kaiming_init: Kaiming-normal (fan-in) weights instead of PyTorch's default init (the reference's).
     """
 
-    def __init__(self, in_channels: int, num_classes: int) -> None:
+    def __init__(self, in_channels: int, num_classes: int, kaiming_init: bool) -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_channels, num_classes, kernel_size=1, bias=False)
-        nn.init.kaiming_normal_(self.conv.weight)
+        if kaiming_init:
+            nn.init.kaiming_normal_(self.conv.weight)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """(B, D, h, w) -> logits (B, num_classes)."""
@@ -37,21 +39,24 @@ class Classifier(nn.Module):
 class LargeFOV(nn.Module):
     """DeepLab-LargeFOV decoder: 3x3 conv (dilated) -> ReLU -> 3x3 conv (dilated) -> ReLU -> 1x1 conv.
 
+    All convolutions are bias-free, as in the reference.
+
     Args:
         in_channels: Token dimension D.
         num_classes: Output classes C (background included).
         channels: Width of the two hidden convs.
         dilation: Dilation (and padding) of the two 3x3 convs.
+        kaiming_init: Kaiming-normal (fan-out, ReLU) weights instead of PyTorch's default init (the reference's).
     """
 
-    def __init__(self, in_channels: int, num_classes: int, channels: int = 512, dilation: int = 5) -> None:
+    def __init__(self, in_channels: int, num_classes: int, channels: int, dilation: int, kaiming_init: bool) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, channels, 3, padding=dilation, dilation=dilation)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=dilation, dilation=dilation)
-        self.cls = nn.Conv2d(channels, num_classes, 1)
-        for conv in (self.conv1, self.conv2, self.cls):
-            nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
-            nn.init.zeros_(conv.bias)
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, padding=dilation, dilation=dilation, bias=False)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=dilation, dilation=dilation, bias=False)
+        self.cls = nn.Conv2d(channels, num_classes, 1, bias=False)
+        if kaiming_init:
+            for conv in (self.conv1, self.conv2, self.cls):
+                nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """(B, D, h, w) -> segmentation logits (B, C, h, w) at the same stride."""

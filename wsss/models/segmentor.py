@@ -1,15 +1,14 @@
 """The single-stage WSSS model: ViT backbone, final and auxiliary CAM classifiers, LargeFOV decoder.
 
 Inputs of any size work (see :mod:`wsss.models.backbone`): sizes that are not multiples of the patch size
-``p`` (16 for DeiT-S/16) are zero-padded on the right and bottom, and every map the model returns is on
-the ``ceil(H / p) x ceil(W / p)`` token grid of the padded image. :func:`resize_to_image` brings such a map
-back to the exact pixels of the input.
+``p`` (16 for DeiT-S/16) are zero-padded on the right and bottom, and every map :meth:`WSSSModel.forward`
+returns is on the ``ceil(H / p) x ceil(W / p)`` token grid of the padded image. :func:`resize_to_image` brings
+such a map back to the exact pixels of the input; :func:`cover_image` does so only where padding happened.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +18,7 @@ from wsss.config import ModelConfig
 from wsss.models.backbone import ViTBackbone, build_backbone
 from wsss.models.heads import Classifier, LargeFOV
 
-__all__ = ["ModelOutput", "WSSSModel", "build_model", "resize_to_image"]
+__all__ = ["ModelOutput", "WSSSModel", "build_model", "cover_image", "maps_to_pixels", "resize_to_image"]
 
 
 @dataclass
@@ -50,15 +49,17 @@ class WSSSModel(nn.Module):
         aux_layer: Block (negative counts from the end) feeding the auxiliary classifier.
         decoder_channels: Hidden width of the decoder.
         decoder_dilation: Dilation of the decoder's 3x3 convs.
+        kaiming_init: Kaiming-normal init of the classifiers and the decoder instead of PyTorch's default.
     """
 
     def __init__(
         self,
         backbone: ViTBackbone,
         num_classes: int,
-        aux_layer: int = -3,
-        decoder_channels: int = 512,
-        decoder_dilation: int = 5,
+        aux_layer: int,
+        decoder_channels: int,
+        decoder_dilation: int,
+        kaiming_init: bool,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -67,9 +68,9 @@ class WSSSModel(nn.Module):
         self.num_classes = num_classes
         self.aux_layer = backbone.block_index(aux_layer)
         dim = backbone.embed_dim
-        self.classifier = Classifier(dim, num_classes - 1)
-        self.aux_classifier = Classifier(dim, num_classes - 1)
-        self.decoder = LargeFOV(dim, num_classes, decoder_channels, decoder_dilation)
+        self.classifier = Classifier(dim, num_classes - 1, kaiming_init)
+        self.aux_classifier = Classifier(dim, num_classes - 1, kaiming_init)
+        self.decoder = LargeFOV(dim, num_classes, decoder_channels, decoder_dilation, kaiming_init)
 
     @property
     def stride(self) -> int:
@@ -89,40 +90,38 @@ class WSSSModel(nn.Module):
         )
 
     def cam(self, x: torch.Tensor, aux: bool = False) -> torch.Tensor:
-        """Raw class activation maps (B, C-1, h, w) (before ReLU) of the final or the auxiliary classifier.
+        """Raw class activation maps (before ReLU) of the final or the auxiliary classifier, covering exactly
+        the pixels of ``x``: (B, C-1, h, w) on the token grid when H and W are multiples of the patch size,
+        else brought to (B, C-1, H, W) with the padding cropped (:func:`cover_image`).
 
         The auxiliary CAM stops the backbone after the auxiliary block.
         """
         if aux:
             feats = self.backbone(x, [self.aux_layer], stop_early=True).intermediates[0]
-            return self.aux_classifier.cam(feats)
-        return self.classifier.cam(self.backbone(x).features)
+            maps = self.aux_classifier.cam(feats)
+        else:
+            maps = self.classifier.cam(self.backbone(x).features)
+        return cover_image(maps, x.shape[-2:], self.stride)
 
-    def pixel_cam(self, x: torch.Tensor, aux: bool = False) -> torch.Tensor:
-        """:meth:`cam` brought to the exact pixels of ``x``: (B, C-1, H, W), aligned whether or not ``x`` was
-        padded to a multiple of the patch size (see :func:`resize_to_image`)."""
-        return resize_to_image(self.cam(x, aux=aux), x.shape[-2:], self.stride)
+    def param_groups(self, lr: float, head_lr_mult: float, weight_decay: float, no_decay_1d: bool) -> list[dict]:
+        """Optimiser groups, each with a ``name``; frozen parameters (``requires_grad`` False) are left out.
 
-    def param_groups(self, lr: float, head_lr_mult: float, weight_decay: float) -> list[dict[str, Any]]:
-        """Optimiser groups, each with a ``name``.
-
-        ``backbone``: backbone weight matrices (lr, weight decay); ``backbone_no_decay``: norms, biases,
-        position embedding, prefix tokens and other 1-D parameters (lr, no weight decay); ``heads``: both
-        classifiers and the decoder (lr * head_lr_mult, weight decay).
+        ``backbone``: backbone weight matrices (lr, weight decay); ``backbone_1d``: norms, biases, position
+        embedding, prefix tokens and other 1-D parameters (lr; weight decay unless ``no_decay_1d``); ``heads``:
+        both classifiers and the decoder (lr * head_lr_mult, weight decay). The reference decays every group.
         """
         vit = self.backbone.vit
-        no_decay_names = set(vit.no_weight_decay())
-        decay, no_decay = [], []
+        one_d_names = set(vit.no_weight_decay())
+        matrices, one_d = [], []
         for name, p in vit.named_parameters():
-            if not p.requires_grad:
-                continue
-            (no_decay if p.ndim <= 1 or name in no_decay_names else decay).append(p)
+            if p.requires_grad:
+                (one_d if p.ndim <= 1 or name in one_d_names else matrices).append(p)
         heads = [
             p for m in (self.classifier, self.aux_classifier, self.decoder) for p in m.parameters() if p.requires_grad
         ]
         return [
-            {"name": "backbone", "params": decay, "lr": lr, "weight_decay": weight_decay},
-            {"name": "backbone_no_decay", "params": no_decay, "lr": lr, "weight_decay": 0.0},
+            {"name": "backbone", "params": matrices, "lr": lr, "weight_decay": weight_decay},
+            {"name": "backbone_1d", "params": one_d, "lr": lr, "weight_decay": 0.0 if no_decay_1d else weight_decay},
             {"name": "heads", "params": heads, "lr": lr * head_lr_mult, "weight_decay": weight_decay},
         ]
 
@@ -138,8 +137,33 @@ def resize_to_image(maps: torch.Tensor, image_size: tuple[int, int], stride: int
     return full[..., : image_size[0], : image_size[1]]
 
 
+def cover_image(maps: torch.Tensor, image_size: tuple[int, int], stride: int) -> torch.Tensor:
+    """Token-grid maps of an (H, W) image -> maps whose extent is exactly the image.
+
+    When H and W are multiples of ``stride`` the grid covers the image exactly and is returned as is (so a
+    later bilinear resize goes straight from the grid, as the reference does); otherwise it also covers the
+    padding and :func:`resize_to_image` crops that away at pixel resolution.
+    """
+    if image_size[0] % stride == 0 and image_size[1] % stride == 0:
+        return maps
+    return resize_to_image(maps, image_size, stride)
+
+
+def maps_to_pixels(
+    maps: torch.Tensor, image_size: tuple[int, int], stride: int, size: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """Token-grid maps of an image of ``image_size`` -> (B, K, *size) bilinearly resized pixels (``size``
+    defaults to ``image_size``): :func:`cover_image`, then one resize unless already at ``size``."""
+    size = tuple(image_size if size is None else size)
+    maps = cover_image(maps, image_size, stride)
+    if tuple(maps.shape[-2:]) != size:
+        maps = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
+    return maps
+
+
 def build_model(cfg: ModelConfig, num_classes: int) -> WSSSModel:
-    """The model described by ``cfg`` for ``num_classes`` classes (background included)."""
+    """The model described by ``cfg`` for ``num_classes`` classes (background included); with
+    ``cfg.freeze_pos_embed`` the position embedding does not train."""
     backbone = build_backbone(
         cfg.backbone,
         pretrained=cfg.pretrained,
@@ -147,10 +171,13 @@ def build_model(cfg: ModelConfig, num_classes: int) -> WSSSModel:
         drop_path_rate=cfg.drop_path_rate,
         backbone_kwargs=cfg.backbone_kwargs,
     )
+    if cfg.freeze_pos_embed and backbone.vit.pos_embed is not None:
+        backbone.vit.pos_embed.requires_grad_(False)
     return WSSSModel(
         backbone,
         num_classes,
         aux_layer=cfg.aux_layer,
         decoder_channels=cfg.decoder_channels,
         decoder_dilation=cfg.decoder_dilation,
+        kaiming_init=cfg.head_init == "kaiming",
     )

@@ -1,0 +1,203 @@
+"""The measured effect of each default that follows the reference (ToCo's released training) instead of our
+earlier choice: the numbers behind docs/reference.md.
+
+    python bench/reference_effects.py --checkpoint work_dirs/toy_centered/iter_600.pth [--threads 2]
+
+Two models are measured: DeiT-S/16 at the paper setting (448 crops; random init, since the pretrained weights
+cannot be downloaded here) and a trained toy checkpoint (``make demo``), whose CAMs are real. Inputs are toy
+images (``data/toy_voc``). Every number is printed as a markdown row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+import numpy as np
+import torch
+
+from wsss.cam import multiscale_cam
+from wsss.cam_eval import evaluate_cams
+from wsss.checkpoint import config_from_checkpoint, load_checkpoint
+from wsss.config import Config, DataConfig, load_config
+from wsss.data.transforms import TrainAugment, backbone_mean_std
+from wsss.data.voc import VOCClsDataset, VOCSegDataset
+from wsss.models import WSSSModel, build_model
+from wsss.step import TrainingStep
+from wsss.validate import validate
+
+
+def row(what: str, value: str) -> None:
+    print(f"| {what} | {value} |")
+
+
+def batch_from(dataset: VOCClsDataset, count: int) -> dict:
+    items = [dataset[i] for i in range(count)]
+    return {k: torch.stack([it[k] for it in items]) for k in ("image", "label", "box")}
+
+
+def changed(a: torch.Tensor, b: torch.Tensor, region: torch.Tensor | None = None) -> float:
+    """Percent of pixels (inside ``region``) whose pseudo label differs."""
+    diff = a != b
+    return 100.0 * float(diff[region].float().mean() if region is not None else diff.float().mean())
+
+
+def pseudo(model: WSSSModel, cfg: Config, batch: dict, mean, std, cam_autocast: bool = False) -> torch.Tensor:
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cam_dtype="float32"))
+    step = TrainingStep(cfg, mean, std, torch.device("cpu"))
+    step.cam_autocast = cam_autocast  # bf16 autocast runs on the CPU too
+    return step.targets(model, batch).label
+
+
+def drop_path_effect(name: str, state: dict, cfg: Config, batch: dict, mean, std) -> None:
+    """Pixels of pseudo labels that change between two no-grad CAM passes in train mode (as in training)."""
+    num_classes = batch["label"].shape[1] + 1
+    for rate in (0.0, 0.1):
+        model = build_model(dataclasses.replace(cfg.model, drop_path_rate=rate), num_classes)
+        model.load_state_dict(state)
+        model.train()
+        torch.manual_seed(0)
+        a = pseudo(model, cfg, batch, mean, std)
+        b = pseudo(model, cfg, batch, mean, std)
+        row(f"{name}: pseudo-label pixels changed between two passes, drop_path_rate {rate}", f"{changed(a, b):.2f} %")
+
+
+def padding_effect(model: WSSSModel, cfg: Config, dataset: VOCClsDataset, mean, std, count: int) -> None:
+    """In-box pseudo-label pixels that change when the crop's padding is ImageNet-mean grey instead of black
+    (the same crops otherwise: the augmentation is a function of the seed)."""
+    labels = []
+    for pad in ((0.0, 0.0, 0.0), tuple(255.0 * m for m in mean)):
+        dataset.augment = TrainAugment(dataclasses.replace(cfg.data, pad_rgb=pad, scale_range=(0.5, 0.5)), mean, std)
+        batch = batch_from(dataset, count)
+        labels.append(pseudo(model.eval(), cfg, batch, mean, std))
+    box = TrainingStep(cfg, mean, std, torch.device("cpu")).targets(model, batch).valid
+    row(f"toy: crop area that is padding (scale 0.5, {count} crops)", f"{100 * float((~box).float().mean()):.1f} %")
+    row("toy: in-box pseudo-label pixels changed, grey instead of black padding", f"{changed(*labels, box):.2f} %")
+
+
+def paper_padding_fraction(samples: int) -> None:
+    """Share of a 448 crop that is padding at the paper setting, for a 500 x 375 image (VOC's most common size)."""
+    aug = TrainAugment(DataConfig(color_jitter_prob=0, grayscale_prob=0, blur_prob=0), (0.0,) * 3, (1.0,) * 3)
+    image = np.zeros((375, 500, 3), np.uint8)
+    fractions = []
+    for seed in range(samples):
+        y0, y1, x0, x1 = aug(image, None, seed).box
+        fractions.append(1.0 - (y1 - y0) * (x1 - x0) / 448**2)
+    crops_padded = 100.0 * np.mean([f > 0 for f in fractions])
+    row(f"paper setting: crops with padding ({samples} crops of a 500x375 image)", f"{crops_padded:.0f} %")
+    row("paper setting: mean share of the crop that is padding", f"{100 * statistics.mean(fractions):.1f} %")
+
+
+def init_effect(cfg: Config, images: torch.Tensor) -> None:
+    """Initial weights and segmentation logits of the reference init against ``model.head_init="kaiming"``."""
+    stats = {}
+    for init in ("default", "kaiming"):
+        torch.manual_seed(0)  # the same backbone weights for both
+        model = build_model(dataclasses.replace(cfg.model, head_init=init), 21).eval()
+        with torch.no_grad():
+            seg = model(images).seg
+        stats[init] = [float(t.detach().std()) for t in (model.decoder.cls.weight, seg, model.classifier.conv.weight)]
+    (w_ref, seg_ref, cls_ref), (w_k, seg_k, cls_k) = stats["default"], stats["kaiming"]
+    row("DeiT-S 448: std of the last decoder weight, default / kaiming", f"{w_ref:.4f} / {w_k:.4f}")
+    row("DeiT-S 448: std of the initial seg logits, default / kaiming", f"{seg_ref:.3f} / {seg_k:.3f} "
+        f"({seg_k / seg_ref:.1f}x)")  # fmt: skip
+    row("DeiT-S: classifier weight std, default / kaiming", f"{cls_ref:.4f} / {cls_k:.4f} ({cls_k / cls_ref:.1f}x)")
+
+
+def weight_decay_effect(cfg: Config) -> None:
+    model = build_model(cfg.model, 21)
+    o = cfg.optim
+    count = {}
+    for no_decay in (False, True):
+        groups = model.param_groups(o.lr, o.head_lr_mult, o.weight_decay, no_decay)
+        count[no_decay] = sum(p.numel() for g in groups if g["weight_decay"] > 0 for p in g["params"])
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    row("DeiT-S: parameters under weight decay, reference / earlier (1-D and tokens exempt)",
+        f"{count[False]:,} / {count[True]:,}")  # fmt: skip
+    row("DeiT-S: parameters frozen by the reference (pos_embed)", f"{frozen:,}")
+
+
+def cam_precision_effect(name: str, model: WSSSModel, cfg: Config, batch: dict, mean, std) -> None:
+    model.train()
+    a = pseudo(model, cfg, batch, mean, std)
+    b = pseudo(model, cfg, batch, mean, std, cam_autocast=True)
+    row(f"{name}: pseudo-label pixels equal, bf16 CAM pass vs fp32", f"{100 - changed(a, b):.2f} %")
+
+
+def cam_alignment_effect(model: WSSSModel, cfg: Config, dataset: VOCClsDataset, mean, std, crop: int) -> None:
+    """The earlier training CAM stretched the token grid of a padded input over the crop; now it is aligned."""
+    data = dataclasses.replace(cfg.data, crop_size=crop)
+    dataset.augment = TrainAugment(data, mean, std)
+    batch = batch_from(dataset, 4)
+    model.eval()
+    with torch.no_grad():
+        aligned = multiscale_cam(model.cam, batch["image"], batch["label"], cfg.cam.scales)
+        stretched = multiscale_cam(lambda x: model.classifier.cam(model(x).features), batch["image"], batch["label"],
+                                   cfg.cam.scales)  # fmt: skip
+    row(f"toy: CAM difference, stretched vs aligned token grid (crop {crop}, patch {model.stride})",
+        f"max {float((aligned - stretched).abs().max()):.2f}, mean {float((aligned - stretched).abs().mean()):.3f}")
+
+
+def validation_effect(model: WSSSModel, cfg: Config, mean, std, count: int) -> None:
+    val = VOCSegDataset(cfg.data, mean, std)
+    for mode in ("crop", "original"):
+        run = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, val_input=mode))
+        res = validate(model, val, run, torch.device("cpu"), max_images=count, num_pictures=0)
+        summary = ", ".join(f"{k} {v:.1f}" for k, v in res.metrics.items())
+        row(f"toy val ({count} images), val_input={mode}", summary)
+
+
+def pseudo_scoring(model: WSSSModel, cfg: Config, mean, std, count: int) -> None:
+    train = VOCSegDataset(cfg.data, mean, std, split=cfg.data.train_split)
+    res = evaluate_cams(model, train, cfg, [cfg.cam.infer_bg_thresh], pseudo=True, max_images=count, progress=False)
+    row(f"toy train ({count} images): pseudo mIoU on certain pixels (uncertain share)",
+        f"{res.pseudo['mIoU']:.1f} ({100 * res.pseudo_ignored_fraction:.1f} % uncertain)")  # fmt: skip
+    row(f"toy train ({count} images): pseudo mIoU on every pixel (paper-comparable)", f"{res.pseudo_all['mIoU']:.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="work_dirs/toy_centered/iter_600.pth", help="a trained toy checkpoint")
+    parser.add_argument("--paper-config", default="configs/voc_centered.py")
+    parser.add_argument("--images", type=int, default=4, help="crops per measurement")
+    parser.add_argument("--val-images", type=int, default=100)
+    parser.add_argument("--threads", type=int)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    ckpt = load_checkpoint(args.checkpoint)
+    toy_cfg = config_from_checkpoint(ckpt)
+    mean, std = tuple(ckpt["mean"]), tuple(ckpt["std"])
+    toy_data = VOCClsDataset(toy_cfg.data, mean, std, seed=0)
+    toy_batch = batch_from(toy_data, args.images)
+    toy_model = build_model(toy_cfg.model, len(ckpt["classes"]))
+    toy_model.load_state_dict(ckpt["model"])
+
+    paper = load_config(args.paper_config, {"model.pretrained": ""})
+    # DeiT-S sees toy images scaled 2x into 448 crops (VOC is not here), with the paper's normalisation
+    paper_data = dataclasses.replace(toy_cfg.data, crop_size=448, scale_range=(2.0, 2.0))
+    paper = dataclasses.replace(paper, data=paper_data)
+    pmean, pstd = backbone_mean_std(paper.model.backbone)
+    paper_batch = batch_from(VOCClsDataset(paper_data, pmean, pstd, seed=0), 2)
+    torch.manual_seed(0)
+    paper_model = build_model(paper.model, len(ckpt["classes"]))
+
+    print("| measurement | value |\n|---|---|")
+    drop_path_effect("DeiT-S 448 (random init)", paper_model.state_dict(), paper, paper_batch, pmean, pstd)
+    drop_path_effect("toy (trained)", ckpt["model"], toy_cfg, toy_batch, mean, std)
+    paper_padding_fraction(samples=500)
+    padding_effect(toy_model, toy_cfg, toy_data, mean, std, args.images)
+    init_effect(paper, paper_batch["image"])
+    weight_decay_effect(paper)
+    cam_precision_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
+    cam_precision_effect("toy (trained)", toy_model, toy_cfg, toy_batch, mean, std)
+    cam_alignment_effect(toy_model, toy_cfg, toy_data, mean, std, crop=toy_cfg.data.crop_size + toy_model.stride // 2)
+    validation_effect(toy_model, toy_cfg, mean, std, args.val_images)
+    pseudo_scoring(toy_model, toy_cfg, mean, std, args.val_images)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
