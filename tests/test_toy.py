@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -15,9 +16,15 @@ from wsss.data.toy import (
     CLASS_HUES,
     CLASS_TEXTURES,
     META_FILE,
+    PATTERNED_TEXTURES,
+    PLAIN_TEXTURES,
     TEXTURES,
     TOY_CLASSES,
+    TOY_VERSIONS,
+    _any_colour,
+    _distractor_texture,
     _ignore_band,
+    _shared_colours,
     _texture,
     annotation_xml,
     generate_sample,
@@ -320,3 +327,142 @@ def test_opens_in_the_voc_datasets(toy_root, tmp_path):
     mask = read_mask(toy_root / "SegmentationClass" / f"{cls.ids[0]}.png")
     present = sorted(int(v) - 1 for v in np.unique(mask) if 0 < v < len(classes))
     assert np.flatnonzero(item["label"].numpy()).tolist() == present
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Version 3: the class is shape and fill; colours come from one distribution shared by every class
+
+
+@pytest.fixture(scope="module")
+def toy_v3_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("toy_v3") / "voc"
+    return make_toy_voc(root, num_train=NUM_TRAIN, num_val=NUM_VAL, seed=0, version=3)
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        test_images_and_masks,
+        test_ignore_band_separates_every_boundary,
+        test_band_hugs_the_boundaries,
+        test_labels_from_xml_equal_labels_from_masks,
+        test_xml_matches_mask,
+    ],
+    ids=lambda check: check.__name__.removeprefix("test_"),
+)
+def test_version_3_passes_the_layout_checks(toy_v3_root, check):
+    check(toy_v3_root)
+
+
+def test_version_is_recorded_and_regenerates(toy_root, toy_v3_root, tmp_path):
+    assert TOY_VERSIONS == (2, 3)
+    assert json.loads((toy_v3_root / META_FILE).read_text())["version"] == 3
+    assert json.loads((toy_root / META_FILE).read_text())["version"] == 2  # the default
+    assert toy_voc_is_complete(toy_v3_root, NUM_TRAIN, NUM_VAL, 0, version=3)
+    assert not toy_voc_is_complete(toy_v3_root, NUM_TRAIN, NUM_VAL, 0)
+    for image_id in _ids(toy_root, "trainval"):
+        name = f"JPEGImages/{image_id}.jpg"
+        assert (toy_v3_root / name).read_bytes() != (toy_root / name).read_bytes()
+
+    root = make_toy_voc(tmp_path / "voc", num_train=2, num_val=1, seed=0, version=3)
+    v3 = _all_bytes(root)
+    make_toy_voc(root, num_train=2, num_val=1, seed=0)  # a cached set of another version regenerates
+    assert toy_voc_is_complete(root, 2, 1, 0) and _all_bytes(root) != v3
+    make_toy_voc(root, num_train=2, num_val=1, seed=0, version=3)
+    assert _all_bytes(root) == v3, "deterministic per version"
+    with pytest.raises(ValueError, match="version 4"):
+        make_toy_voc(tmp_path / "v4", num_train=2, num_val=1, version=4)
+    assert not (tmp_path / "v4").exists()
+
+
+def test_version_3_samples_cover_the_design():
+    names, counts, difficult = set(), set(), 0
+    for i in range(40):
+        s = generate_sample(np.random.default_rng((123, 0, i)), version=3)
+        counts.add(len(s.objects))
+        names |= {o.name for o in s.objects}
+        difficult += sum(o.difficult for o in s.objects)
+    assert names == set(TOY_CLASSES[1:]) and counts == {1, 2, 3} and difficult >= 1
+
+
+def test_version_3_distractors_borrow_class_fills():
+    """Version 3: a quarter of the distractors wear a class's patterned fill; version 2's never do."""
+    rng = np.random.default_rng(0)
+    borrowed = np.mean([_distractor_texture(rng, 0.25) in PATTERNED_TEXTURES for _ in range(4000)])
+    assert 0.22 < borrowed < 0.28
+    assert {_distractor_texture(rng, 0.0) for _ in range(200)} == set(PLAIN_TEXTURES)
+
+
+def test_version_3_colours_ignore_the_class():
+    """Every class and the distractors (class 0) get the very same colours from the same random state."""
+    beneath = np.asarray([120.0, 90.0, 60.0], np.float32)
+    for seed in range(20):
+        draws = [_shared_colours(np.random.default_rng(seed), c, beneath) for c in range(len(TOY_CLASSES))]
+        for a, b in draws[1:]:
+            np.testing.assert_array_equal(a, draws[0][0])
+            np.testing.assert_array_equal(b, draws[0][1])
+
+
+def test_version_3_fill_colours_differ_in_brightness():
+    """The two colours of a fill differ from each other and from what lies beneath in luma (JPEG keeps
+    brightness at full resolution), whatever the class."""
+    luma = np.asarray([0.299, 0.587, 0.114])
+    rng = np.random.default_rng(0)
+    between, beneath = [], []
+    for i in range(500):
+        under = _any_colour(rng)
+        a, b = _shared_colours(rng, i % len(TOY_CLASSES), under)
+        between.append(abs(luma @ (a - b)))
+        beneath.append(min(abs(luma @ (a - under)), abs(luma @ (b - under))))
+    assert np.percentile(between, 5) > 40 and np.percentile(beneath, 5) > 40
+
+
+def test_cli_version_3(tmp_path, capsys):
+    out = tmp_path / "voc"
+    assert main([str(out), "--num-train", "2", "--num-val", "1", "--version", "3"]) == 0
+    assert "version 3" in capsys.readouterr().out
+    assert toy_voc_is_complete(out, 2, 1, 0, version=3) and not toy_voc_is_complete(out, 2, 1, 0)
+    with pytest.raises(SystemExit):
+        main([str(out), "--version", "1"])
+
+
+def _foreground_colours(version: int, num_images: int, per_object: int = 40) -> tuple[np.ndarray, ...]:
+    """RGB of up to ``per_object`` labelled pixels of each class in each image: colours (N, 3), their
+    classes (N,) and images (N,)."""
+    colours, classes, images = [], [], []
+    for i in range(num_images):
+        s = generate_sample(np.random.default_rng((11, 0, i)), version)
+        pick = np.random.default_rng(i)
+        for c in set(np.unique(s.mask).tolist()) - {0, 255}:
+            px = s.image[s.mask == c]
+            px = px[pick.choice(len(px), min(per_object, len(px)), replace=False)]
+            colours.append(px)
+            classes += [c] * len(px)
+            images += [i] * len(px)
+    return np.concatenate(colours).astype(np.float32), np.asarray(classes), np.asarray(images)
+
+
+def _balanced(rows: np.ndarray, classes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices into ``rows``: as many of every class as of the rarest, so chance is 1 / number of classes."""
+    n = min(np.sum(classes[rows] == c) for c in range(1, len(TOY_CLASSES)))
+    return np.concatenate([rng.choice(rows[classes[rows] == c], n, replace=False) for c in range(1, len(TOY_CLASSES))])
+
+
+def _colour_classifier_accuracy(version: int, num_images: int = 100, k: int = 15) -> float:
+    """Accuracy of a k-NN on pixel RGB that predicts the foreground class, trained on the pixels of the
+    first half of the images and tested on the second half (balanced classes)."""
+    colours, classes, images = _foreground_colours(version, num_images)
+    rng = np.random.default_rng(0)
+    train = _balanced(np.flatnonzero(images < num_images // 2), classes, rng)
+    test = _balanced(np.flatnonzero(images >= num_images // 2), classes, rng)
+    dist = ((colours[test, None, :] - colours[None, train, :]) ** 2).sum(axis=-1)
+    neighbours = classes[train][np.argpartition(dist, k, axis=1)[:, :k]]
+    votes = (neighbours[..., None] == np.arange(len(TOY_CLASSES))).sum(axis=1)
+    return float((votes.argmax(axis=1) == classes[test]).mean())
+
+
+def test_colour_alone_tells_the_class_in_version_2_not_in_version_3():
+    """A pixel's colour gives its class away in version 2 (class hues) and is at chance in version 3."""
+    chance = 1.0 / (len(TOY_CLASSES) - 1)
+    assert _colour_classifier_accuracy(2) >= 0.9
+    assert _colour_classifier_accuracy(3) <= chance + 0.08

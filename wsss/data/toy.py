@@ -8,46 +8,26 @@ and conventions (``../../shared/DESIGN.md`` section 4)::
     OUT_DIR/Annotations/<id>.xml             VOC XML: size, one <object> per instance, 1-based <bndbox>
     OUT_DIR/ImageSets/Segmentation/{train,val,trainval}.txt
     OUT_DIR/classes.txt                      background first, one name per line
-    OUT_DIR/toy_meta.json                    generator parameters, written last (marks the set complete)
+    OUT_DIR/toy_meta.json                    generator parameters and version, written last (marks it complete)
 
-Classes are shape, texture and colour families: ``disc`` (speckled, red), ``ring`` (solid, yellow),
-``triangle`` (checkerboard, green), ``cross`` (polka dots, cyan), ``star`` (soft gradient, blue) and
-``striped_square`` (stripes along its sides, magenta). Objects are vivid (saturation >= 0.75, hue within
-0.025 of the class hue); the background and the distractors are muted (saturation <= 0.3).
+Each class is a shape with its own fill: ``disc`` (speckled), ``ring`` (solid), ``triangle``
+(checkerboard), ``cross`` (polka dots), ``star`` (soft gradient) and ``striped_square`` (stripes along its
+sides). 1-3 objects per image, rotated, scaled, overlapping and truncated by the border, lie in front of
+1-4 distractor shapes of no class on a textured, lit background; a 255 band 4-5 px wide marks every
+instance boundary, tiny and heavily occluded objects are ``difficult``. The versions differ only in how
+colours (and the distractors' fills) are drawn:
 
-Design trade-off: the demo trains a small ViT from scratch, from image-level labels only, on 2 CPU cores
-in minutes and must reach >= 60 % val mIoU (background included). Version 1 of this set drew every colour
-from one shared distribution (colour said nothing about the class), had 3-8 distractors and gave a
-quarter of them a class's patterned fill: the ViT-Tiny of ``configs/toy_centered.py`` then never learnt
-the image classifier (loss at chance after 2000 iterations; CAM mIoU 13-16 %). Giving each class its
-hue but keeping version 1's vivid background and 3-8 distractors (without the borrowed fills) gave 41-48 %
-segmentation mIoU in 600-1000 iterations. With vivid class hues on muted clutter, this version, the demo
-reaches the target (numbers in the README). So:
+* version 2 (the default; the demo's): each class has its own vivid hue (:data:`CLASS_HUES`) on muted
+  background and distractors, so colour gives the class away.
+* version 3: objects, distractors and background draw colours from one distribution shared by every
+  class (vivid or muted), and a quarter of the distractors wear a class's patterned fill: the class is
+  the pair of shape and fill, and neither colour nor fill alone decides it.
 
-* Still hard for a CAM: a textured background (two-colour gradient, low and mid frequency noise, pixel
-  noise, a lighting field); 1-4 distractor shapes behind the objects that belong to no class (irregular
-  blobs, long bars, elongated ellipses, plain oblong rectangles, thin lines, dot clusters), none
-  near-square, disc-like or star-like; random rotation (patterns turn with the object) and scale;
-  overlapping objects (the mask follows the drawing order; two touching objects of one class share a
-  hue and are split by the ignore band only); rings whose hole shows what lies behind; objects truncated
-  by the image border; JPEG artefacts. CAMs tend to fill ring holes and blur thin boundaries, as on
-  real data.
-* Learnable: hue and fill are cues that a 16 px patch embedding picks up within minutes and that cover
-  the whole object (shape alone is learnt slowly from 400 images and gives CAMs on corners and tips
-  only). 1-3 objects per image (mostly 1-2), each 28-50 % of the short side (3-10 patches of 16 px);
-  the two colours of a fill differ in brightness (JPEG halves colour resolution, so hue-only patterns
-  would fade); at least 25 % of each object stays visible (never fully hidden, so the XML, the
-  image-level label and the mask always agree); distractors sit behind the objects; only 6 foreground
-  classes.
-* VOC-like details: a 255 band 4-5 px wide on every instance boundary (also between two touching
-  objects of the same class, and around ring holes); ``difficult=1`` on tiny objects (12-17 % of the
-  short side, ~6 % of objects) and on heavily occluded ones (< 40 % visible); both are still labelled
-  in the mask and listed in the XML, as VOC lists every object.
+Design rationale and history (versions 1-3, with numbers): ``docs/toy_dataset.md``.
 
 Generation is deterministic: image ``i`` of a split draws from ``numpy.random.default_rng((seed, split,
-i))``, so the same seed gives byte-identical files (PIL's JPEG and PNG encoders are deterministic), and
-adding images never changes the existing ones. Drawing takes about 25 ms per image; the default
-400 + 100 images take about 18 s on a busy 2-core machine, atomic (fsync'ed) writes included.
+i))``, so the same seed and version give byte-identical files (PIL's JPEG and PNG encoders are
+deterministic), and adding images never changes the existing ones. Drawing takes about 25 ms per image.
 """
 
 from __future__ import annotations
@@ -57,6 +37,7 @@ import io
 import json
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,14 +49,18 @@ from wsss.data.classes import voc_palette
 from wsss.io import atomic_write_bytes, atomic_write_text, read_image, read_mask, save_image, save_mask
 
 TOY_CLASSES = ("background", "disc", "ring", "triangle", "cross", "star", "striped_square")
-TOY_VERSION = 2
-"""Bump when the generated images change, so cached datasets regenerate."""
+TOY_VERSIONS = (2, 3)
+"""Generator versions (see the module docstring). Add one whenever the generated images change: the
+version is recorded in ``toy_meta.json``, so a cached set of another version regenerates."""
+DEFAULT_TOY_VERSION = 2
 
 IGNORE_INDEX = 255
 META_FILE = "toy_meta.json"
 SPLITS = ("train", "val")
 
-TEXTURES = ("solid", "gradient", "speckle", "stripes", "checker", "dots")
+PLAIN_TEXTURES = ("solid", "gradient")
+PATTERNED_TEXTURES = ("speckle", "stripes", "checker", "dots")
+TEXTURES = PLAIN_TEXTURES + PATTERNED_TEXTURES
 CLASS_TEXTURES = {
     "disc": "speckle",
     "ring": "solid",
@@ -84,9 +69,11 @@ CLASS_TEXTURES = {
     "star": "gradient",
     "striped_square": "stripes",
 }
-"""Each class has its own fill. Distractors are solid or gradient."""
+"""Each class has its own fill. Distractors are plain (solid or gradient), or in version 3 sometimes
+patterned like a class."""
 CLASS_HUES = {name: k / 6.0 for k, name in enumerate(CLASS_TEXTURES)}
-"""Each class has its own hue (HSV, in [0, 1)); objects are vivid, background and distractors muted."""
+"""Version 2: each class has its own hue (HSV, in [0, 1)); objects are vivid, background and distractors
+muted."""
 
 _SIDE_RANGE = (160, 320)
 _MIN_ASPECT_GAP = 24  # px: |W - H| at least this, so no image is (nearly) square
@@ -98,8 +85,12 @@ _MIN_VISIBLE = 0.25  # visible / in-frame area of each object
 _DIFFICULT_VISIBLE = 0.40
 _MIN_INTERIOR_PX = 40  # labelled pixels left once the ignore band is cut out
 _BAND_RADIUS = 2  # ignore band: pixels within 2 px (Chebyshev) of another instance
-_HUE_JITTER = 0.025  # +- around the class hue: classes stay 0.12 apart on the hue circle
-_MUTED_SATURATION = 0.3  # background and distractor colours; objects have saturation >= 0.75
+_VALUE_RANGE = (0.25, 0.9)  # HSV value of background and distractor colours (and of every colour in v3)
+_HUE_JITTER = 0.025  # v2: +- around the class hue: classes stay 0.12 apart on the hue circle
+_MUTED_SATURATION = 0.3  # v2: background and distractor colours; objects have saturation >= 0.75
+_DISTINCT_TRIES = 30  # draws to find a colour that differs from given ones in brightness
+_DISTINCT_RGB, _DISTINCT_LUMA = 90.0, 50.0  # "differs": this far apart in RGB and in luma
+_LUMA = np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
 _NUM_DISTRACTORS = (1, 4)
 _BACKGROUND_GRAIN = (3.0, 8.0)  # amplitude of the 4-10 px background noise
 _SUPERSAMPLE = 4
@@ -128,7 +119,7 @@ class ToySample:
 
 @dataclass
 class _Shape:
-    cls: int
+    cls: int  # class index; 0 for a distractor
     center: tuple[float, float]
     radius: float
     angle: float
@@ -239,7 +230,7 @@ def _rasterize(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Appearance
+# Appearance: colours, fills, background
 
 
 def _hsv(h: float, s: float, v: float) -> np.ndarray:
@@ -247,17 +238,79 @@ def _hsv(h: float, s: float, v: float) -> np.ndarray:
 
 
 def _muted_colour(rng: np.random.Generator) -> np.ndarray:
-    """A background or distractor colour: any hue, low saturation."""
-    return _hsv(rng.uniform(0.0, 1.0), rng.uniform(0.0, _MUTED_SATURATION), rng.uniform(0.25, 0.9))
+    """Version 2's background and distractor colour: any hue, low saturation."""
+    return _hsv(rng.uniform(0.0, 1.0), rng.uniform(0.0, _MUTED_SATURATION), rng.uniform(*_VALUE_RANGE))
 
 
-def _class_colours(rng: np.random.Generator, cls: int) -> tuple[np.ndarray, np.ndarray]:
-    """The two fill colours of an object of class ``cls``: its class hue, vivid, one bright and one dark
-    (JPEG keeps colour at half resolution, so patterns must differ in brightness, not only in hue)."""
+def _any_colour(rng: np.random.Generator) -> np.ndarray:
+    """Version 3's one colour distribution for objects, distractors and background: any hue, vivid or muted."""
+    return _hsv(rng.uniform(0.0, 1.0), rng.uniform(0.0, 1.0), rng.uniform(*_VALUE_RANGE))
+
+
+def _distinct_colour(
+    rng: np.random.Generator, draw: Callable[[np.random.Generator], np.ndarray], avoid: tuple[np.ndarray, ...]
+) -> np.ndarray:
+    """A colour from ``draw`` that differs from each colour in ``avoid`` in brightness, not only in hue
+    (best of :data:`_DISTINCT_TRIES` draws).
+
+    JPEG keeps colour at half resolution, so stripes and speckles that differ only in hue would fade.
+    """
+    best, best_score = None, -1.0
+    for _ in range(_DISTINCT_TRIES):
+        c = draw(rng)
+        score = min(
+            min(float(np.linalg.norm(c - a)) / _DISTINCT_RGB, abs(float(_LUMA @ (c - a))) / _DISTINCT_LUMA)
+            for a in avoid
+        )
+        if score > best_score:
+            best, best_score = c, score
+        if score >= 1.0:
+            break
+    return best
+
+
+def _class_hue_colours(rng: np.random.Generator, cls: int, beneath: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Version 2's two fill colours, ``beneath`` unused: a distractor's (``cls`` 0) are muted; an object's
+    are its class hue, vivid, one bright and one dark."""
+    if cls == 0:
+        first = _muted_colour(rng)
+        return first, _distinct_colour(rng, _muted_colour, (first,))
     hue = (CLASS_HUES[TOY_CLASSES[cls]] + rng.uniform(-_HUE_JITTER, _HUE_JITTER)) % 1.0
     bright = _hsv(hue, rng.uniform(0.75, 1.0), rng.uniform(0.8, 1.0))
     dark = _hsv(hue, rng.uniform(0.75, 1.0), rng.uniform(0.3, 0.45))
     return bright, dark
+
+
+def _shared_colours(rng: np.random.Generator, cls: int, beneath: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Version 3's two fill colours, the same for every class and the distractors (``cls`` unused): two
+    :func:`_any_colour` colours that differ from each other and from ``beneath`` (the mean colour under
+    the shape, so the shape stays visible), in random order (a plain fill shows either one)."""
+    first = _distinct_colour(rng, _any_colour, (beneath,))
+    second = _distinct_colour(rng, _any_colour, (first, beneath))
+    return (first, second) if rng.random() < 0.5 else (second, first)
+
+
+@dataclass(frozen=True)
+class _Appearance:
+    """What a version draws its own way; shapes, layout, fills, noise and labels are shared."""
+
+    background_colour: Callable[[np.random.Generator], np.ndarray]
+    fill_colours: Callable[[np.random.Generator, int, np.ndarray], tuple[np.ndarray, np.ndarray]]
+    """(rng, class index or 0 for a distractor, mean colour beneath the shape) -> the fill's two colours."""
+    borrowed_fill_p: float
+    """Chance that a distractor wears a class's patterned fill instead of a plain one."""
+
+
+_APPEARANCES = {
+    2: _Appearance(_muted_colour, _class_hue_colours, borrowed_fill_p=0.0),
+    3: _Appearance(_any_colour, _shared_colours, borrowed_fill_p=0.25),
+}
+
+
+def _appearance(version: int) -> _Appearance:
+    if version not in _APPEARANCES:
+        raise ValueError(f"unknown toy set version {version!r}; expected one of {TOY_VERSIONS}")
+    return _APPEARANCES[version]
 
 
 def _smooth_noise(rng: np.random.Generator, height: int, width: int, cell: float) -> np.ndarray:
@@ -269,9 +322,11 @@ def _smooth_noise(rng: np.random.Generator, height: int, width: int, cell: float
     return big[oy : oy + height, ox : ox + width]
 
 
-def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    """(H, W, 3) float32: two-colour gradient plus low and mid frequency noise."""
-    c0, c1 = _muted_colour(rng), _muted_colour(rng)
+def _background(
+    rng: np.random.Generator, height: int, width: int, colour: Callable[[np.random.Generator], np.ndarray]
+) -> np.ndarray:
+    """(H, W, 3) float32: a gradient between two ``colour`` draws plus low and mid frequency noise."""
+    c0, c1 = colour(rng), colour(rng)
     theta = rng.uniform(0, 2 * np.pi)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     proj = xx * np.cos(theta) + yy * np.sin(theta)
@@ -325,23 +380,6 @@ def _texture(
     return a * (1 - t) + b * t
 
 
-def _partner_colour(rng: np.random.Generator, first: np.ndarray) -> np.ndarray:
-    """A second texture colour that differs from ``first`` in brightness, not only in hue (best of 30).
-
-    JPEG keeps colour at half resolution, so stripes and speckles that differ only in hue would fade.
-    """
-    luma = np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
-    best, best_score = None, -1.0
-    for _ in range(30):
-        c = _muted_colour(rng)
-        score = min(float(np.linalg.norm(c - first)) / 90.0, abs(float(luma @ (c - first))) / 50.0)
-        if score > best_score:
-            best, best_score = c, score
-        if score >= 1.0:
-            break
-    return best
-
-
 def _composite(img: np.ndarray, alpha: np.ndarray, box: tuple[int, int, int, int], fill: np.ndarray) -> None:
     x0, y0, x1, y1 = box
     a = alpha[y0:y1, x0:x1, None]
@@ -357,6 +395,14 @@ def _ignore_band(instances: np.ndarray, radius: int = _BAND_RADIUS) -> np.ndarra
     kernel = np.ones((2 * radius + 1, 2 * radius + 1), np.uint8)
     inst = instances.astype(np.uint8)
     return cv2.dilate(inst, kernel) != cv2.erode(inst, kernel)
+
+
+def _image_size(rng: np.random.Generator) -> tuple[int, int]:
+    """(height, width), each in :data:`_SIDE_RANGE`, never (nearly) square."""
+    while True:
+        width, height = (int(v) for v in rng.integers(_SIDE_RANGE[0], _SIDE_RANGE[1] + 1, size=2))
+        if abs(width - height) >= _MIN_ASPECT_GAP:
+            return height, width
 
 
 def _layout(rng: np.random.Generator, height: int, width: int) -> tuple[list[_Shape], np.ndarray]:
@@ -397,53 +443,56 @@ def _layout(rng: np.random.Generator, height: int, width: int) -> tuple[list[_Sh
     raise RuntimeError("could not place objects; image too small for the object sizes")
 
 
-def generate_sample(rng: np.random.Generator) -> ToySample:
-    """Draw one image, its mask and its objects from ``rng``.
+def _distractor_texture(rng: np.random.Generator, borrowed_fill_p: float) -> str:
+    """A plain fill, or with probability ``borrowed_fill_p`` one of the classes' patterned fills."""
+    if borrowed_fill_p > 0 and rng.random() < borrowed_fill_p:
+        return PATTERNED_TEXTURES[int(rng.integers(len(PATTERNED_TEXTURES)))]
+    return PLAIN_TEXTURES[int(rng.integers(len(PLAIN_TEXTURES)))]
 
-    Returns:
-        The image (H, W, 3) uint8, the mask (H, W) uint8 with values in {0..len(TOY_CLASSES)-1, 255},
-        and the objects in drawing order (later ones occlude earlier ones).
-    """
-    while True:
-        width, height = (int(v) for v in rng.integers(_SIDE_RANGE[0], _SIDE_RANGE[1] + 1, size=2))
-        if abs(width - height) >= _MIN_ASPECT_GAP:
-            break
+
+def _paint(rng: np.random.Generator, img: np.ndarray, look: _Appearance, shape: _Shape, texture: str) -> None:
+    """Composite ``shape`` into ``img`` (H, W, 3) float32 in place, filled with ``texture`` in the
+    version's colours."""
+    x0, y0, x1, y1 = shape.box
+    a = shape.alpha[y0:y1, x0:x1, None]
+    beneath = (img[y0:y1, x0:x1] * a).sum(axis=(0, 1)) / max(float(a.sum()), 1e-6)
+    colours = look.fill_colours(rng, shape.cls, beneath)
+    _composite(img, shape.alpha, shape.box, _texture(rng, texture, colours, shape.box, shape.center, shape.angle))
+
+
+def _draw_distractors(rng: np.random.Generator, img: np.ndarray, look: _Appearance) -> None:
+    """Paint 1-4 shapes of no class (``cls`` 0) into ``img`` (H, W, 3) float32, in place."""
+    height, width = img.shape[:2]
     short = min(height, width)
-    img = _background(rng, height, width)
-
     for _ in range(int(rng.integers(_NUM_DISTRACTORS[0], _NUM_DISTRACTORS[1] + 1))):
         kind = _DISTRACTOR_KINDS[int(rng.integers(len(_DISTRACTOR_KINDS)))]
         radius = 0.5 * short * rng.uniform(0.12, 0.4 if kind not in ("line", "bar") else 0.7)
         center = (rng.uniform(0, width), rng.uniform(0, height))
         angle = rng.uniform(0, 2 * np.pi)
-        alpha, box, _ = _rasterize(_distractor_polygons(kind, rng), center, radius, angle, height, width)
+        alpha, box, truncated = _rasterize(_distractor_polygons(kind, rng), center, radius, angle, height, width)
         if box[2] <= box[0] or box[3] <= box[1]:
             continue
-        texture = ("solid", "gradient")[int(rng.integers(2))]
-        first = _muted_colour(rng)
-        colours = (first, _partner_colour(rng, first))
-        _composite(img, alpha, box, _texture(rng, texture, colours, box, center, angle))
+        shape = _Shape(0, center, radius, angle, False, alpha, box, truncated)
+        _paint(rng, img, look, shape, _distractor_texture(rng, look.borrowed_fill_p))
 
-    shapes, instances = _layout(rng, height, width)
-    for s in shapes:
-        colours = _class_colours(rng, s.cls)
-        texture = CLASS_TEXTURES[TOY_CLASSES[s.cls]]
-        _composite(img, s.alpha, s.box, _texture(rng, texture, colours, s.box, s.center, s.angle))
 
+def _lit(rng: np.random.Generator, img: np.ndarray) -> np.ndarray:
+    """The final (H, W, 3) uint8 image: ``img`` under a smooth lighting field, plus pixel noise."""
+    height, width = img.shape[:2]
     light = 1.0 + 0.12 * _smooth_noise(rng, height, width, rng.uniform(80, 160))
     img = img * light[..., None] + 4.0 * rng.standard_normal((height, width, 1)).astype(np.float32)
-    image = np.clip(np.round(img), 0, 255).astype(np.uint8)
+    return np.clip(np.round(img), 0, 255).astype(np.uint8)
 
-    band = _ignore_band(instances)
+
+def _annotate(shapes: list[_Shape], instances: np.ndarray) -> tuple[np.ndarray, list[ToyObject]]:
+    """The class mask (H, W) uint8 with its ignore band, and the objects of ``shapes``."""
     classes = np.asarray([0] + [s.cls for s in shapes], dtype=np.uint8)
     mask = classes[instances]
-    mask[band] = IGNORE_INDEX
-
+    mask[_ignore_band(instances)] = IGNORE_INDEX
     objects = []
     for k, s in enumerate(shapes):
         ys, xs = np.nonzero(instances == k + 1)
-        full = int((s.alpha >= 0.5).sum())
-        visible_frac = len(xs) / full
+        visible_frac = len(xs) / int((s.alpha >= 0.5).sum())
         objects.append(ToyObject(
             name=TOY_CLASSES[s.cls],
             bbox=(int(xs.min()) + 1, int(ys.min()) + 1, int(xs.max()) + 1, int(ys.max()) + 1),
@@ -451,6 +500,28 @@ def generate_sample(rng: np.random.Generator) -> ToySample:
             truncated=s.truncated,
             occluded=visible_frac < 0.95,
         ))  # fmt: skip
+    return mask, objects
+
+
+def generate_sample(rng: np.random.Generator, version: int = DEFAULT_TOY_VERSION) -> ToySample:
+    """Draw one image, its mask and its objects from ``rng``, in the look of toy set ``version``.
+
+    Returns:
+        The image (H, W, 3) uint8, the mask (H, W) uint8 with values in {0..len(TOY_CLASSES)-1, 255},
+        and the objects in drawing order (later ones occlude earlier ones).
+
+    Raises:
+        ValueError: ``version`` is not one of :data:`TOY_VERSIONS`.
+    """
+    look = _appearance(version)
+    height, width = _image_size(rng)
+    img = _background(rng, height, width, look.background_colour)
+    _draw_distractors(rng, img, look)
+    shapes, instances = _layout(rng, height, width)
+    for s in shapes:
+        _paint(rng, img, look, s, CLASS_TEXTURES[TOY_CLASSES[s.cls]])
+    image = _lit(rng, img)
+    mask, objects = _annotate(shapes, instances)
     return ToySample(image=image, mask=mask, objects=objects)
 
 
@@ -490,10 +561,10 @@ def _split_ids(num_train: int, num_val: int) -> dict[str, list[str]]:
     }
 
 
-def _meta(num_train: int, num_val: int, seed: int) -> dict:
+def _meta(num_train: int, num_val: int, seed: int, version: int) -> dict:
     return {
         "generator": "wsss.data.toy",
-        "version": TOY_VERSION,
+        "version": version,
         "num_train": num_train,
         "num_val": num_val,
         "seed": seed,
@@ -501,14 +572,20 @@ def _meta(num_train: int, num_val: int, seed: int) -> dict:
     }
 
 
-def toy_voc_is_complete(out_dir: str | Path, num_train: int = 400, num_val: int = 100, seed: int = 0) -> bool:
-    """True when ``out_dir`` holds a finished toy dataset made with these parameters (and this version)."""
+def toy_voc_is_complete(
+    out_dir: str | Path,
+    num_train: int = 400,
+    num_val: int = 100,
+    seed: int = 0,
+    version: int = DEFAULT_TOY_VERSION,
+) -> bool:
+    """True when ``out_dir`` holds a finished toy dataset made with these parameters and this version."""
     out_dir = Path(out_dir)
     try:
         meta = json.loads((out_dir / META_FILE).read_text())
     except (OSError, ValueError):
         return False
-    if meta != _meta(num_train, num_val, seed):
+    if meta != _meta(num_train, num_val, seed, version):
         return False
     ids = [i for split in _split_ids(num_train, num_val).values() for i in split]
     return all(
@@ -518,20 +595,27 @@ def toy_voc_is_complete(out_dir: str | Path, num_train: int = 400, num_val: int 
     )
 
 
-def make_toy_voc(out_dir: str | Path, num_train: int = 400, num_val: int = 100, seed: int = 0) -> Path:
-    """Write the toy dataset in VOC layout into ``out_dir`` (see the module docstring) and return it.
+def make_toy_voc(
+    out_dir: str | Path,
+    num_train: int = 400,
+    num_val: int = 100,
+    seed: int = 0,
+    version: int = DEFAULT_TOY_VERSION,
+) -> Path:
+    """Write toy set ``version`` in VOC layout into ``out_dir`` (see the module docstring) and return it.
 
-    Idempotent: a complete dataset with the same parameters is left as it is. Otherwise the marker
+    Idempotent: a complete dataset with the same parameters and version is left as it is. Otherwise the marker
     ``toy_meta.json`` is removed first and written last, so an interrupted run is redone next time;
     files of toy ids that the new parameters no longer use are deleted. Every file is written atomically.
 
     Raises:
-        ValueError: ``num_train`` < 1 or ``num_val`` < 1.
+        ValueError: ``num_train`` < 1 or ``num_val`` < 1, or ``version`` not in :data:`TOY_VERSIONS`.
     """
     if num_train < 1 or num_val < 1:
         raise ValueError(f"need at least one train and one val image, got {num_train=} {num_val=}")
+    _appearance(version)  # fail before touching out_dir
     out_dir = Path(out_dir)
-    if toy_voc_is_complete(out_dir, num_train, num_val, seed):
+    if toy_voc_is_complete(out_dir, num_train, num_val, seed, version):
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / META_FILE).unlink(missing_ok=True)
@@ -540,7 +624,7 @@ def make_toy_voc(out_dir: str | Path, num_train: int = 400, num_val: int = 100, 
     palette = voc_palette()
     for split_index, split in enumerate(SPLITS):
         for i, image_id in enumerate(ids[split]):
-            sample = generate_sample(np.random.default_rng((seed, split_index, i)))
+            sample = generate_sample(np.random.default_rng((seed, split_index, i)), version)
             h, w = sample.mask.shape
             save_image(out_dir / "JPEGImages" / f"{image_id}.jpg", sample.image, quality=90)
             save_mask(out_dir / "SegmentationClass" / f"{image_id}.png", sample.mask, palette)
@@ -558,7 +642,7 @@ def make_toy_voc(out_dir: str | Path, num_train: int = 400, num_val: int = 100, 
         atomic_write_text(sets / f"{split}.txt", "".join(f"{i}\n" for i in ids[split]))
     atomic_write_text(sets / "trainval.txt", "".join(f"{i}\n" for split in SPLITS for i in ids[split]))
     atomic_write_text(out_dir / "classes.txt", "".join(f"{c}\n" for c in TOY_CLASSES))
-    atomic_write_text(out_dir / META_FILE, json.dumps(_meta(num_train, num_val, seed), indent=2) + "\n")
+    atomic_write_text(out_dir / META_FILE, json.dumps(_meta(num_train, num_val, seed, version), indent=2) + "\n")
     return out_dir
 
 
