@@ -2,7 +2,7 @@
 
 Writes ``--num`` pairs of structured random masks (``--height`` x ``--width``, objects with 255 boundaries;
 predictions are jittered, partly mislabelled copies) to a temporary folder, then times:
-  decode   the floor: reading every PNG pair with ``wsss.io.read_mask``, serially and with the thread pool
+  decode   the floor: reading every PNG pair with ``wsss.utils.fileio.read_mask``, serially and with the thread pool
   metric   the metric alone on decoded arrays: ConfusionMatrix.update + compute vs
            IoUMetric.process + evaluate
   e2e      end to end from the folders: ``evaluate_folders`` vs a serial loop of mmcv.imfrombytes (mmseg's
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from wsss.data.classes import voc_palette
-from wsss.evaluation import ConfusionMatrix, evaluate_folders, format_table, index_masks, iter_mask_pairs
-from wsss.io import read_mask, save_mask
+from wsss.evaluation.metrics import ConfusionMatrix, evaluate_folders, format_table, index_masks, iter_mask_pairs
+from wsss.utils.fileio import read_mask, save_mask
 
 
 def make_pair(rng: np.random.Generator, h: int, w: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:

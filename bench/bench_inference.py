@@ -3,7 +3,7 @@
 Writes ``--num`` generated images (the toy generator's scenes, resized to ``--size``, 500x375 by default:
 the VOC shape) to a temporary folder, builds a randomly initialised model from each ``--configs`` file
 (``model.pretrained=""``; the timing depends on the architecture, not the weights), saves it as a checkpoint
-and times :func:`wsss.inference.run_inference` (the loop of ``tools/infer.py``: decoding, model, CRF
+and times :func:`wsss.inference.runner.run_inference` (the loop of ``tools/infer.py``: decoding, model, CRF
 pool, writing the masks) in three modes:
 
 - ``single``: scale 1.0, no flip, no CRF;
@@ -38,14 +38,14 @@ import cv2
 import numpy as np
 import torch
 
-from wsss.checkpoint import save_checkpoint
+from wsss.engine.checkpoint import save_checkpoint
 from wsss.config import Config, CrfConfig, load_config
-from wsss.crf import CrfPool, crf_labels
+from wsss.inference.crf import CrfPool, crf_labels
 from wsss.data.classes import load_classes
 from wsss.data.toy import TOY_CLASSES, generate_sample
 from wsss.data.transforms import backbone_mean_std
-from wsss.inference import InferenceOptions, run_inference
-from wsss.io import save_image
+from wsss.inference.runner import InferenceOptions, run_inference
+from wsss.utils.fileio import save_image
 from wsss.models import build_model
 
 MODES = {

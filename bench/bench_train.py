@@ -1,7 +1,7 @@
 """Training-step speed and memory at the paper setting, broken down by stage.
 
 DeiT-S/16 with centered attention, batch 4, 448 crops, 3-scale + flip CAM, dual-threshold PAR pseudo labels,
-balanced CE and the dense energy loss: the real :class:`wsss.step.TrainingStep` on random crops, then each of
+balanced CE and the dense energy loss: the real :class:`wsss.engine.step.TrainingStep` on random crops, then each of
 its stages timed alone with the same inputs.
 
     python bench/bench_train.py [--device cpu|cuda] [--batch 4] [--size 448] [--repeats 3] [--threads N]
@@ -23,7 +23,7 @@ from wsss.data.transforms import backbone_mean_std, denormalize
 from wsss.losses import balanced_seg_ce, multilabel_soft_margin
 from wsss.models import build_model
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
-from wsss.step import TrainingStep
+from wsss.engine.step import TrainingStep
 
 
 def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:

@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from wsss.cam import multiscale_cam
-from wsss.cam_eval import evaluate_cams
-from wsss.checkpoint import config_from_checkpoint, load_checkpoint
+from wsss.evaluation.cam_eval import evaluate_cams
+from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint
 from wsss.config import Config, DataConfig, load_config
 from wsss.data.transforms import TrainAugment, backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
 from wsss.models import WSSSModel, build_model
-from wsss.step import TrainingStep
-from wsss.validate import validate
+from wsss.engine.step import TrainingStep
+from wsss.engine.validate import validate
 
 
 def row(what: str, value: str) -> None:

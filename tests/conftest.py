@@ -10,7 +10,7 @@ import pytest
 from wsss.config import Config, from_dict
 from wsss.data.classes import voc_palette
 from wsss.data.labels import labels_from_masks, save_labels
-from wsss.io import save_image, save_mask
+from wsss.utils.fileio import save_image, save_mask
 
 TINY_CLASSES = ["background", "cat", "dog"]
 

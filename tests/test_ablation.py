@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import tiny_config
 from tools import ablate
-from wsss.ablation import apply_overrides, format_results, grid, run_grid, slug
+from wsss.analysis.ablation import apply_overrides, format_results, grid, run_grid, slug
 from wsss.config import ConfigError, dump_config
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from wsss.config import CrfConfig
-from wsss.crf import CrfPool, crf_labels, dense_crf
+from wsss.inference.crf import CrfPool, crf_labels, dense_crf
 
 
 def two_region_case(seed: int = 0, height: int = 40, width: int = 60, flip_rate: float = 0.3):

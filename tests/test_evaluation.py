@@ -15,7 +15,7 @@ from PIL import Image
 
 from tools import eval as eval_cli
 from wsss.data.classes import voc_palette
-from wsss.evaluation import (
+from wsss.evaluation.metrics import (
     ConfusionMatrix,
     _count_numpy,
     _count_torch,
@@ -23,7 +23,7 @@ from wsss.evaluation import (
     format_table,
     index_masks,
 )
-from wsss.io import save_mask
+from wsss.utils.fileio import save_mask
 
 ALL_METRICS = ["mIoU", "mDice", "mFscore"]
 
@@ -398,10 +398,10 @@ def test_mmseg_registry_metric_matches_iou_metric(tmp_path: Path) -> None:
     from mmengine.utils import import_modules_from_strings
     from mmseg.registry import METRICS
 
-    from wsss.evaluation import register_mmseg_metric
+    from wsss.evaluation.metrics import register_mmseg_metric
 
     cls = register_mmseg_metric()
-    import_modules_from_strings(["wsss.evaluation_mmseg"])  # what `custom_imports` in a config does
+    import_modules_from_strings(["wsss.evaluation.mmseg_metric"])  # what `custom_imports` in a config does
     assert METRICS.get("WSSSIoUMetric") is cls
     pairs = random_pairs(8, 21)
     for metrics in (["mIoU"], ALL_METRICS):
@@ -429,5 +429,5 @@ def test_mmseg_registry_metric_matches_iou_metric(tmp_path: Path) -> None:
 
 
 def test_evaluation_imports_without_mmseg() -> None:
-    code = "import sys, wsss.evaluation; assert 'mmseg' not in sys.modules and 'mmengine' not in sys.modules"
+    code = "import sys, wsss.evaluation.metrics; assert 'mmseg' not in sys.modules and 'mmengine' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

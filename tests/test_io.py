@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wsss.io import atomic_write_text, read_image, read_mask, save_mask
+from wsss.utils.fileio import atomic_write_text, read_image, read_mask, save_mask
 
 
 def test_atomic_write_leaves_old_file_on_error(tmp_path):
@@ -14,7 +14,7 @@ def test_atomic_write_leaves_old_file_on_error(tmp_path):
     class Boom(Exception):
         pass
 
-    from wsss.io import atomic_open
+    from wsss.utils.fileio import atomic_open
 
     with pytest.raises(Boom):
         with atomic_open(path, "w") as f:

@@ -44,7 +44,7 @@ def test_broken_xml_names_file(tiny_voc):
 
 
 def test_mask_value_out_of_range_names_file(tiny_voc):
-    from wsss.io import save_mask
+    from wsss.utils.fileio import save_mask
 
     save_mask(tiny_voc / "SegmentationClass" / "bad.png", np.full((4, 4), 7, np.uint8))
     with pytest.raises(ValueError, match=r"bad.png.*\[7\]"):

@@ -6,7 +6,7 @@ from scipy.io import savemat
 
 from tools import convert_sbd as convert_sbd_cli
 from wsss.data.sbd import read_sbd_mat
-from wsss.io import read_mask, save_image
+from wsss.utils.fileio import read_mask, save_image
 
 
 def write_sbd_mat(path, seg):

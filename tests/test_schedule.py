@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from wsss.schedule import PolyWarmupScheduler, lr_at
+from wsss.engine.schedule import PolyWarmupScheduler, lr_at
 
 
 def test_lr_at_reference_points():

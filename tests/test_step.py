@@ -16,7 +16,7 @@ from wsss.losses import DenseEnergyLoss, balanced_seg_ce
 from wsss.models import build_model
 from wsss.par import PAR
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
-from wsss.step import TrainingStep, loss_weights
+from wsss.engine.step import TrainingStep, loss_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

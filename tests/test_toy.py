@@ -32,7 +32,7 @@ from wsss.data.toy import (
     save_contact_sheet,
     toy_voc_is_complete,
 )
-from wsss.io import read_image, read_mask
+from wsss.utils.fileio import read_image, read_mask
 
 NUM_TRAIN, NUM_VAL = 8, 4
 SUBDIRS = (("JPEGImages", ".jpg"), ("SegmentationClass", ".png"), ("Annotations", ".xml"))

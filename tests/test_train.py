@@ -15,9 +15,9 @@ import torch
 
 from tests.conftest import tiny_config
 from tools import train as train_cli
-from wsss.checkpoint import LAST_CHECKPOINT, load_checkpoint
+from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from wsss.config import dump_config
-from wsss.train import NonFiniteLossError, train
+from wsss.engine.train import NonFiniteLossError, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def test_checkpoint_is_self_describing(tiny_voc, tmp_path):
     assert len(ckpt["mean"]) == 3 and ckpt["git_commit"]
     assert not any(k.startswith("module.") for k in ckpt["model"])
     assert (tmp_path / "w" / LAST_CHECKPOINT).read_text().strip() == "iter_3.pth"
-    from wsss.checkpoint import model_from_checkpoint
+    from wsss.engine.checkpoint import model_from_checkpoint
 
     model, _ = model_from_checkpoint(res.checkpoint)
     x = torch.randn(1, 3, 40, 48)
@@ -113,7 +113,7 @@ def test_ddp_resume_is_exact_with_stochastic_depth(tiny_voc, tmp_path):
     script.write_text(textwrap.dedent(f"""
         import json, os, torch
         from wsss.config import load_config
-        from wsss.train import train
+        from wsss.engine.train import train
         res = train(load_config({str(cfg_file)!r}), work_dir={str(tmp_path / 'full')!r}, device="cpu")
         rank = os.environ['RANK']
         torch.save(res.model.state_dict(), {str(tmp_path)!r} + f"/rank{{rank}}.pth")

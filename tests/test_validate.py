@@ -13,7 +13,7 @@ from tests.conftest import tiny_config
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCSegDataset
 from wsss.models import build_model, maps_to_pixels
-from wsss.validate import validate
+from wsss.engine.validate import validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,7 +8,7 @@ from tests.conftest import TINY_CLASSES
 from wsss.config import DataConfig
 from wsss.data.transforms import TrainAugment, backbone_mean_std, denormalize, normalize
 from wsss.data.voc import VOCClsDataset, VOCSegDataset, collate_list
-from wsss.io import read_image, read_mask, save_mask
+from wsss.utils.fileio import read_image, read_mask, save_mask
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

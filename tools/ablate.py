@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from wsss.ablation import format_results, grid, run_grid
+from wsss.analysis.ablation import format_results, grid, run_grid
 from wsss.config import load_config, parse_cfg_options
 
 

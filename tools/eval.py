@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from wsss.data.classes import VOC_CLASSES, load_classes
-from wsss.evaluation import METRICS, evaluate_folders, format_table, save_metrics_json
+from wsss.evaluation.metrics import METRICS, evaluate_folders, format_table, save_metrics_json
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from wsss.cam_eval import parse_thresholds, run_cam_eval
+from wsss.evaluation.cam_eval import parse_thresholds, run_cam_eval
 
 
 def main(argv: list[str] | None = None) -> int:

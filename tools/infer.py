@@ -7,7 +7,7 @@
 INPUT is a folder (every image under it) or, with --split NAME|FILE, a VOC-layout root whose JPEGImages
 holds the split's images. OUTPUT defaults to INPUT_pred beside INPUT. Outputs mirror the input's relative
 paths: masks/ (palette PNG, class indices), overlays/, cams/ (JPEG), logits/ (float16 .npy at 1/4 size),
-index.html (--gallery); see wsss/inference.py for the layout. Re-running skips images whose outputs all
+index.html (--gallery); see wsss/inference/runner.py for the layout. Re-running skips images whose outputs all
 exist (--overwrite redoes them). Unreadable files and unsafe paths are skipped and listed in the summary;
 the exit status is still 0 (1 when no image could be processed). Scales, flip and CRF constants default
 to the checkpoint's config (infer.*).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from wsss.inference import InferenceOptions, run_inference
+from wsss.inference.runner import InferenceOptions, run_inference
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from wsss.config import load_config, parse_cfg_options
-from wsss.train import NonFiniteLossError, train
+from wsss.engine.train import NonFiniteLossError, train
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from wsss.data.classes import VOC_CLASSES
-from wsss.io import atomic_write_text
+from wsss.utils.fileio import atomic_write_text
 
 
 class ConfigError(ValueError):

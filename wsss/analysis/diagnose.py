@@ -37,7 +37,7 @@ from torch import nn
 
 from wsss.analysis.oversmoothing import RANK_THRESHOLD, layer_stats
 from wsss.data.folder import ImageFolderDataset, Skipped
-from wsss.io import atomic_write_bytes, atomic_write_text
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "COLUMNS",
@@ -166,7 +166,7 @@ def model_from_config(
 
 def model_from_checkpoint_file(path: str | Path) -> ModelEntry:
     """The trained model of a wsss checkpoint, with the mean and std it was trained with."""
-    from wsss.checkpoint import model_from_checkpoint
+    from wsss.engine.checkpoint import model_from_checkpoint
 
     model, ckpt = model_from_checkpoint(path)
     return ModelEntry(model, tuple(ckpt["mean"]), tuple(ckpt["std"]))

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from wsss.analysis.oversmoothing import RANK_THRESHOLD
-from wsss.io import atomic_write_bytes, atomic_write_text
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
 
 ARCHS = ("pre_ln", "post_ln", "residual")
 INITS = ("identity", "uniform")

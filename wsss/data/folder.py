@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
-from wsss.io import IMAGE_EXTENSIONS, read_image
+from wsss.utils.fileio import IMAGE_EXTENSIONS, read_image
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from wsss.io import atomic_write_text, read_mask
+from wsss.utils.fileio import atomic_write_text, read_mask
 
 
 def parse_voc_xml(path: str | Path) -> list[str]:

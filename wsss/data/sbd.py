@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from wsss.data.voc import read_split
-from wsss.io import atomic_write_bytes, atomic_write_text, read_mask, save_mask
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, read_mask, save_mask
 
 
 def sbd_dataset_dir(sbd_root: str | Path) -> Path:

@@ -46,7 +46,7 @@ import numpy as np
 from PIL import Image
 
 from wsss.data.classes import voc_palette
-from wsss.io import atomic_write_bytes, atomic_write_text, read_image, read_mask, save_image, save_mask
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, read_image, read_mask, save_image, save_mask
 
 TOY_CLASSES = ("background", "disc", "ring", "triangle", "cross", "star", "striped_square")
 TOY_VERSIONS = (2, 3)

@@ -21,7 +21,7 @@ from wsss.config import DataConfig
 from wsss.data.classes import load_classes
 from wsss.data.labels import check_mask_values, load_labels
 from wsss.data.transforms import TrainAugment, normalize
-from wsss.io import read_image, read_mask
+from wsss.utils.fileio import read_image, read_mask
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 

@@ -14,7 +14,7 @@ One deliberate difference from mmseg: mmseg counts the prediction at a pixel who
 (neither ignored nor in [0, C)) as a false positive of the predicted class; here such pixels are left out
 entirely. On masks whose labels are all in [0, C) or ``ignore_index`` the two agree.
 
-The mmengine metric for mmseg configs (``WSSSIoUMetric``) lives in :mod:`wsss.evaluation_mmseg`, which
+The mmengine metric for mmseg configs (``WSSSIoUMetric``) lives in :mod:`wsss.evaluation.mmseg_metric`, which
 imports mmseg; see :func:`register_mmseg_metric`.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wsss.io import atomic_write_text, read_mask
+from wsss.utils.fileio import atomic_write_text, read_mask
 
 METRICS = ("mIoU", "mDice", "mFscore")
 MASK_EXTENSIONS = (".png", ".bmp", ".tif", ".tiff", ".pgm")
@@ -183,7 +183,7 @@ class ConfusionMatrix:
 
         Every rank must call it. Note that samplers which pad the dataset to equal shards (mmengine's
         DefaultSampler, torch's DistributedSampler) score the padded duplicates twice; shard without
-        padding, or use :class:`wsss.evaluation_mmseg.WSSSIoUMetric` under an mmengine runner.
+        padding, or use :class:`wsss.evaluation.mmseg_metric.WSSSIoUMetric` under an mmengine runner.
         """
         import torch.distributed as dist
 
@@ -560,9 +560,9 @@ def register_mmseg_metric() -> type:
     """Register ``WSSSIoUMetric`` in mmseg's ``METRICS`` registry (idempotent) and return the class.
 
     In an mmseg config, the same is done with
-    ``custom_imports = dict(imports=["wsss.evaluation_mmseg"], allow_failed_imports=False)``
+    ``custom_imports = dict(imports=["wsss.evaluation.mmseg_metric"], allow_failed_imports=False)``
     followed by ``val_evaluator = dict(type="WSSSIoUMetric")``.
     """
-    from wsss.evaluation_mmseg import WSSSIoUMetric
+    from wsss.evaluation.mmseg_metric import WSSSIoUMetric
 
     return WSSSIoUMetric

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from wsss.config import Config, from_dict, to_dict
-from wsss.io import atomic_torch_save, atomic_write_text
+from wsss.utils.fileio import atomic_torch_save, atomic_write_text
 
 LAST_CHECKPOINT = "last_checkpoint"
 """File in the work dir naming the newest checkpoint (as mmengine does)."""

@@ -1,7 +1,7 @@
 """Ablation grids: the paper's Table 4 (losses x centering) and the attention variants, run on any config.
 
 Each grid row is a set of config overrides applied to one base config; every row is trained with
-:func:`wsss.train.train` in its own work dir and scored on the validation split: CAM mIoU of the last
+:func:`wsss.engine.train.train` in its own work dir and scored on the validation split: CAM mIoU of the last
 layer and of the aux layer, segmentation mIoU, and the mean token cosine similarity of the last block on
 validation images. Rows already trained (a final checkpoint in their work dir) are not trained again, so
 an interrupted grid resumes where it stopped.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from wsss.config import Config, from_dict, to_dict
-from wsss.io import atomic_write_text
+from wsss.utils.fileio import atomic_write_text
 
 VARIANTS = ("vanilla", "centered", "neutreno", "gfsa", "contranorm")
 
@@ -87,7 +87,7 @@ def run_grid(
         One dict per row: ``name``, ``overrides``, ``cam_mIoU``, ``aux_cam_mIoU``, ``seg_mIoU`` (None when
         the row has no segmentation loss, as in the paper), ``last_cosine``, ``checkpoint``.
     """
-    from wsss.train import train
+    from wsss.engine.train import train
 
     out = Path(out_dir)
     results = []

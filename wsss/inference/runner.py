@@ -31,7 +31,7 @@ in per-size buckets; a bucket runs when it holds ``batch_size`` images, or, when
 eventually runs). Each scale of a batch of ``n`` images is one forward pass of ``2n`` (with flip). Results
 are identical to ``batch_size=1`` up to float rounding.
 
-Dense CRF (``crf=True``): softmax of the TTA logits, then :func:`wsss.crf.crf_labels` in a pool of
+Dense CRF (``crf=True``): softmax of the TTA logits, then :func:`wsss.inference.crf.crf_labels` in a pool of
 ``CrfConfig.workers`` processes; a job is submitted as soon as an image's logits exist and its mask is
 written when the job finishes, so the model loop does not wait for the CRF (it waits only when more than
 ``2 * workers + batch_size`` jobs are queued, to bound memory).
@@ -68,14 +68,14 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from wsss.cam import normalize_cams
-from wsss.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
+from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped, scan_folder
 from wsss.data.transforms import normalize
 from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
-from wsss.io import atomic_write_bytes, atomic_write_text, read_image, save_image, save_mask
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, read_image, save_image, save_mask
 from wsss.models.segmentor import maps_to_pixels
-from wsss.visualize import cam_overlay, mask_overlay
+from wsss.inference.visualize import cam_overlay, mask_overlay
 
 THUMB_SIZE = 256
 BUCKET_WINDOW = 4
@@ -554,7 +554,7 @@ def run_inference(
     with ExitStack() as stack:
         pool = None
         if opts.crf and todo:  # workers start before the model exists (see CrfPool)
-            from wsss.crf import CrfPool
+            from wsss.inference.crf import CrfPool
 
             pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers))
         model, _ = model_from_checkpoint(ckpt, device)

@@ -15,11 +15,11 @@ from wsss.cam import cam_to_label, labels_from_mask, multiscale_cam
 from wsss.config import Config
 from wsss.data.transforms import denormalize
 from wsss.data.voc import VOCSegDataset, collate_list
-from wsss.evaluation import ConfusionMatrix, SegMetrics
+from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.models.segmentor import WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
-from wsss.visualize import cam_overlay, mask_overlay
+from wsss.inference.visualize import cam_overlay, mask_overlay
 
 
 @dataclass
@@ -43,7 +43,7 @@ def validate(
 ) -> ValResult:
     """Score the model on ``dataset``: multi-scale CAMs of the final and aux classifiers (thresholded at
     ``cfg.cam.infer_bg_thresh``, image-level labels from the ground truth as in the WSSS literature) and
-    single-scale segmentation. One confusion-matrix implementation (:mod:`wsss.evaluation`) serves all.
+    single-scale segmentation. One confusion-matrix implementation (:mod:`wsss.evaluation.metrics`) serves all.
 
     With ``cfg.train.val_input == "crop"`` (the reference) each image is resized to ``data.crop_size``
     squared and the CAMs and segmentation logits are resized back to the mask; with ``"original"`` the

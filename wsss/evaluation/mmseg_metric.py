@@ -1,14 +1,14 @@
 """``WSSSIoUMetric``: the wsss confusion matrix as an mmengine metric in mmseg's ``METRICS`` registry.
 
-Importing this module imports mmseg and registers the metric; :mod:`wsss.evaluation` itself never imports
+Importing this module imports mmseg and registers the metric; :mod:`wsss.evaluation.metrics` itself never imports
 mmseg. From an mmseg config::
 
-    custom_imports = dict(imports=["wsss.evaluation_mmseg"], allow_failed_imports=False)
+    custom_imports = dict(imports=["wsss.evaluation.mmseg_metric"], allow_failed_imports=False)
     val_evaluator = dict(type="WSSSIoUMetric", iou_metrics=["mIoU"])
 
-From Python, ``wsss.evaluation.register_mmseg_metric()`` (or importing this module) does the same.
+From Python, ``wsss.evaluation.metrics.register_mmseg_metric()`` (or importing this module) does the same.
 The arguments and returned keys are those of mmseg's ``IoUMetric``; the numbers agree with it (see the
-one documented difference in :mod:`wsss.evaluation`).
+one documented difference in :mod:`wsss.evaluation.metrics`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ try:
     from mmseg.registry import METRICS
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"wsss.evaluation_mmseg needs mmsegmentation 1.x and mmengine ({err}); "
+        f"wsss.evaluation.mmseg_metric needs mmsegmentation 1.x and mmengine ({err}); "
         "install them with `pip install mmsegmentation mmengine mmcv-lite`"
     ) from err
 
-from wsss.evaluation import ConfusionMatrix, format_table
-from wsss.io import save_mask
+from wsss.evaluation.metrics import ConfusionMatrix, format_table
+from wsss.utils.fileio import save_mask
 
 
 @METRICS.register_module(force=True)
 class WSSSIoUMetric(BaseMetric):
-    """mmseg ``IoUMetric`` computed with :class:`wsss.evaluation.ConfusionMatrix`.
+    """mmseg ``IoUMetric`` computed with :class:`wsss.evaluation.metrics.ConfusionMatrix`.
 
     Per sample it keeps the sparse (C + 2, C + 1) counts, so mmengine's result collection drops the
     samples that distributed samplers pad in, exactly as for ``IoUMetric``.

@@ -1,6 +1,6 @@
 """The training loop, top to bottom: data, model, optimiser, then one step at a time.
 
-One step is :class:`wsss.step.TrainingStep` (its module docstring shows the data flow). Single process on
+One step is :class:`wsss.engine.step.TrainingStep` (its module docstring shows the data flow). Single process on
 CPU or GPU; ``torchrun`` for several GPUs or nodes (DDP). Checkpoints hold everything a resumed run needs,
 every rank's random state included, so N iterations + resume + M iterations give the weights of N + M
 uninterrupted ones. Loss terms accumulate on the device and are averaged over ranks at each log interval.
@@ -21,11 +21,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from wsss.checkpoint import find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from wsss.engine.checkpoint import find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from wsss.config import Config, dump_config
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
-from wsss.distributed import (
+from wsss.engine.distributed import (
     DistInfo,
     ResumableSampler,
     all_gather_objects,
@@ -33,11 +33,11 @@ from wsss.distributed import (
     barrier,
     init_distributed,
 )
-from wsss.evaluation import format_table
+from wsss.evaluation.metrics import format_table
 from wsss.models import WSSSModel, build_model
-from wsss.schedule import PolyWarmupScheduler
-from wsss.step import TERMS, TrainingStep
-from wsss.validate import ValResult, validate
+from wsss.engine.schedule import PolyWarmupScheduler
+from wsss.engine.step import TERMS, TrainingStep
+from wsss.engine.validate import ValResult, validate
 
 
 class NonFiniteLossError(FloatingPointError):
