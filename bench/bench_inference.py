@@ -38,15 +38,15 @@ import cv2
 import numpy as np
 import torch
 
-from wsss.engine.checkpoint import save_checkpoint
 from wsss.config import Config, CrfConfig, load_config
-from wsss.inference.crf import CrfPool, crf_labels
 from wsss.data.classes import load_classes
 from wsss.data.toy import TOY_CLASSES, generate_sample
 from wsss.data.transforms import backbone_mean_std
+from wsss.engine.checkpoint import save_checkpoint
+from wsss.inference.crf import CrfPool, crf_labels
 from wsss.inference.runner import InferenceOptions, run_inference
-from wsss.utils.fileio import save_image
 from wsss.models import build_model
+from wsss.utils.fileio import save_image
 
 MODES = {
     "single": dict(scales=(1.0,), flip=False, crf=False),

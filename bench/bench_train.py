@@ -20,10 +20,10 @@ from _common import rss_bytes, synchronize
 from wsss.cam import multiscale_cam
 from wsss.config import load_config
 from wsss.data.transforms import backbone_mean_std, denormalize
+from wsss.engine.step import TrainingStep
 from wsss.losses import balanced_seg_ce, multilabel_soft_margin
 from wsss.models import build_model
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
-from wsss.engine.step import TrainingStep
 
 
 def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:

@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from wsss.cam import multiscale_cam
-from wsss.evaluation.cam_eval import evaluate_cams
-from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint
 from wsss.config import Config, DataConfig, load_config
 from wsss.data.transforms import TrainAugment, backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
-from wsss.models import WSSSModel, build_model
+from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint
 from wsss.engine.step import TrainingStep
 from wsss.engine.validate import validate
+from wsss.evaluation.cam_eval import evaluate_cams
+from wsss.models import WSSSModel, build_model
 
 
 def row(what: str, value: str) -> None:

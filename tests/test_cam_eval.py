@@ -12,14 +12,14 @@ import torch
 from tests.conftest import TINY_CLASSES, tiny_config
 from tools import eval_cams as eval_cams_cli
 from wsss.cam import cam_to_label, multiscale_cam
-from wsss.evaluation.cam_eval import parse_thresholds, sweep_labels
-from wsss.engine.checkpoint import save_checkpoint
 from wsss.data.transforms import backbone_mean_std, denormalize
 from wsss.data.voc import VOCSegDataset
-from wsss.utils.fileio import read_mask
+from wsss.engine.checkpoint import save_checkpoint
+from wsss.evaluation.cam_eval import parse_thresholds, sweep_labels
 from wsss.models import build_model
 from wsss.par import PAR
 from wsss.pseudo_label import refine_cams_with_par
+from wsss.utils.fileio import read_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -22,9 +22,9 @@ from wsss.analysis.diagnose import (
 )
 from wsss.analysis.oversmoothing import layer_stats
 from wsss.config import AttentionConfig, dump_config
-from wsss.utils.fileio import save_image
-from wsss.models import build_backbone
 from wsss.engine.train import train
+from wsss.models import build_backbone
+from wsss.utils.fileio import save_image
 
 TINY_VIT = {"depth": 3, "embed_dim": 32, "num_heads": 2, "patch_size": 8}
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)

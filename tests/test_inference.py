@@ -19,6 +19,7 @@ from tools import infer as infer_cli
 from wsss.cam import multiscale_cam
 from wsss.data.labels import labels_from_masks, save_labels
 from wsss.data.toy import TOY_CLASSES, make_toy_voc
+from wsss.engine.train import train
 from wsss.inference.runner import (
     InferenceOptions,
     SizeBuckets,
@@ -29,9 +30,8 @@ from wsss.inference.runner import (
     tta_forward,
     write_gallery,
 )
-from wsss.utils.fileio import read_mask
 from wsss.models import ModelOutput, build_model, resize_to_image
-from wsss.engine.train import train
+from wsss.utils.fileio import read_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

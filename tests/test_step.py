@@ -12,11 +12,11 @@ from tests.conftest import tiny_config
 from wsss.cam import multiscale_cam
 from wsss.config import LossConfig
 from wsss.data.transforms import backbone_mean_std, denormalize
+from wsss.engine.step import TrainingStep, loss_weights
 from wsss.losses import DenseEnergyLoss, balanced_seg_ce
 from wsss.models import build_model
 from wsss.par import PAR
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
-from wsss.engine.step import TrainingStep, loss_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

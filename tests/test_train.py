@@ -15,8 +15,8 @@ import torch
 
 from tests.conftest import tiny_config
 from tools import train as train_cli
-from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from wsss.config import dump_config
+from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from wsss.engine.train import NonFiniteLossError, train
 
 REPO = Path(__file__).resolve().parents[1]

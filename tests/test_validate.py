@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from tests.conftest import tiny_config
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCSegDataset
-from wsss.models import build_model, maps_to_pixels
 from wsss.engine.validate import validate
+from wsss.models import build_model, maps_to_pixels
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -21,10 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from wsss.engine.checkpoint import find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from wsss.config import Config, dump_config
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
+from wsss.engine.checkpoint import find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from wsss.engine.distributed import (
     DistInfo,
     ResumableSampler,
@@ -33,11 +33,11 @@ from wsss.engine.distributed import (
     barrier,
     init_distributed,
 )
-from wsss.evaluation.metrics import format_table
-from wsss.models import WSSSModel, build_model
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
 from wsss.engine.validate import ValResult, validate
+from wsss.evaluation.metrics import format_table
+from wsss.models import WSSSModel, build_model
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -16,10 +16,10 @@ from wsss.config import Config
 from wsss.data.transforms import denormalize
 from wsss.data.voc import VOCSegDataset, collate_list
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
+from wsss.inference.visualize import cam_overlay, mask_overlay
 from wsss.models.segmentor import WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
-from wsss.inference.visualize import cam_overlay, mask_overlay
 
 
 @dataclass

@@ -38,16 +38,16 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from wsss.cam import labels_from_mask, multiscale_cam
-from wsss.engine.checkpoint import config_from_checkpoint, model_from_checkpoint
 from wsss.config import Config
 from wsss.data.classes import voc_palette
 from wsss.data.transforms import denormalize
 from wsss.data.voc import VOCSegDataset, collate_list
+from wsss.engine.checkpoint import config_from_checkpoint, model_from_checkpoint
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics, format_table
-from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_mask
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cams_with_par
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_mask
 
 __all__ = ["CamEvalResult", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
 

@@ -68,14 +68,14 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from wsss.cam import normalize_cams
-from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped, scan_folder
 from wsss.data.transforms import normalize
 from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
-from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, read_image, save_image, save_mask
-from wsss.models.segmentor import maps_to_pixels
+from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.inference.visualize import cam_overlay, mask_overlay
+from wsss.models.segmentor import maps_to_pixels
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, read_image, save_image, save_mask
 
 THUMB_SIZE = 256
 BUCKET_WINDOW = 4
