@@ -39,7 +39,7 @@ import torch
 from _common import rss_bytes, synchronize
 
 from wsss.config import AttentionConfig
-from wsss.models import ATTENTION_VARIANTS, ViTBackbone, build_backbone, set_fused_attention
+from wsss.models import ATTENTION_VARIANTS, ViTBackbone, attention_args, build_backbone, set_fused_attention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     models = {}
     for name in args.variants:
         torch.manual_seed(0)
-        models[name] = build_backbone(args.backbone, "", AttentionConfig(name=name)).to(device).train()
+        models[name] = build_backbone(args.backbone, **attention_args(AttentionConfig(name=name))).to(device).train()
     paths = ["fused", "explicit"] if args.explicit else ["fused"]
     configs = [(name, path) for path in paths for name in args.variants]
 

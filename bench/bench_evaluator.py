@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from wsss.data.classes import voc_palette
-from wsss.evaluation.metrics import ConfusionMatrix, evaluate_folders, format_table, index_masks, iter_mask_pairs
+from wsss.evaluation.folders import evaluate_folders, index_masks, iter_mask_pairs
+from wsss.evaluation.metrics import ConfusionMatrix, format_table
 from wsss.utils.fileio import read_mask, save_mask
 
 

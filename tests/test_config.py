@@ -9,7 +9,7 @@ from wsss.config import Config, ConfigError, dump_config, from_dict, load_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-# DESIGN.md section 3 (the paper, and ToCo's released training where the paper is silent); docs/reference.md.
+# docs/design.md section 3 (the paper, and ToCo's released training where the paper is silent); docs/reference.md.
 PAPER_CONSTANTS = {
     "model.backbone": "deit_small_patch16_224",
     "model.pretrained": "hub",

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from wsss.data.classes import VOC_CLASSES, load_classes
-from wsss.evaluation.metrics import METRICS, evaluate_folders, format_table, save_metrics_json
+from wsss.evaluation.folders import evaluate_folders, save_metrics_json
+from wsss.evaluation.metrics import METRICS, format_table
 
 
 def main(argv: list[str] | None = None) -> int:

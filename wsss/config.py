@@ -3,7 +3,7 @@
 A config file is plain Python (``_base_`` inheritance and ``--cfg-options a.b=v`` overrides as mmseg
 users know them, parsed by ``mmengine.Config``). The resulting dict is validated into :class:`Config`:
 unknown keys and wrong types are rejected with an error naming the key. Every number the pipeline uses
-lives here; the defaults are the paper's (``../shared/DESIGN.md`` section 3).
+lives here; the defaults are the paper's (``docs/design.md`` section 3).
 """
 
 from __future__ import annotations

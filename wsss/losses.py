@@ -21,7 +21,7 @@ times the crop resolution, where
   what the reference training ran, and it reads as "regularise the uncertain pixels towards their
   bilateral neighbourhood".
 
-Weights (our reading of DESIGN.md "weight 1e-7 inside, 0.05 outside"): ``1e-7`` is the module's own
+Weights (our reading of docs/design.md "weight 1e-7 inside, 0.05 outside"): ``1e-7`` is the module's own
 ``weight`` (multiplying ``E``, as ToCo's ``DenseEnergyLoss(weight=1e-7, ...)``) and ``0.05`` is the
 coefficient of the returned loss in the total loss (``LossConfig.reg_weight``).
 

@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from wsss.analysis.diagnose import diagnose_folder, model_from_checkpoint_file
 from wsss.config import Config, from_dict, to_dict
+from wsss.engine.train import train
 from wsss.utils.fileio import atomic_write_text
 
 VARIANTS = ("vanilla", "centered", "neutreno", "gfsa", "contranorm")
@@ -67,8 +69,6 @@ def slug(name: str) -> str:
 
 def last_layer_cosine(checkpoint: Path, image_dir: Path, max_images: int, size: int) -> float:
     """Mean token cosine similarity of the last block over ``max_images`` images of ``image_dir``."""
-    from wsss.analysis.diagnose import diagnose_folder, model_from_checkpoint_file
-
     models = {"m": model_from_checkpoint_file(checkpoint)}
     rows = diagnose_folder(models, image_dir, size=size, max_images=max_images, progress=False).rows
     return float(rows[-1]["cosine"])
@@ -87,8 +87,6 @@ def run_grid(
         One dict per row: ``name``, ``overrides``, ``cam_mIoU``, ``aux_cam_mIoU``, ``seg_mIoU`` (None when
         the row has no segmentation loss, as in the paper), ``last_cosine``, ``checkpoint``.
     """
-    from wsss.engine.train import train
-
     out = Path(out_dir)
     results = []
     for name, overrides in rows.items():

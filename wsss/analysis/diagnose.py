@@ -22,9 +22,10 @@ name) whose attention matrices can be recorded.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,11 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from wsss.analysis.oversmoothing import RANK_THRESHOLD, layer_stats
+from wsss.config import load_config
 from wsss.data.folder import ImageFolderDataset, Skipped
+from wsss.data.transforms import backbone_mean_std
+from wsss.engine.checkpoint import model_from_checkpoint
+from wsss.models import build_backbone, build_model_backbone
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
 
 __all__ = [
@@ -108,17 +113,15 @@ def find_vit(model: nn.Module) -> VisionTransformer:
     )
 
 
-def _seeded_backbone(seed: int, **kwargs: Any) -> nn.Module:
-    """:func:`wsss.models.build_backbone` under ``torch.manual_seed(seed)``, leaving the global RNG as it was.
+def _seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` under ``torch.manual_seed(seed)``, leaving the global RNG as it was, in eval mode.
 
     The same seed gives the same weights whatever the attention variant (the variant keeps timm's weights),
     so random-init variants differ only in their attention.
     """
-    from wsss.models import build_backbone
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return build_backbone(**kwargs).eval()
+        return build().eval()
 
 
 def model_from_timm(name: str, pretrained: str = "hub", seed: int = 0) -> ModelEntry:
@@ -129,12 +132,8 @@ def model_from_timm(name: str, pretrained: str = "hub", seed: int = 0) -> ModelE
         pretrained: ``"hub"`` (timm's weights), ``""`` (random init) or a timm state_dict file.
         seed: Seed of the random initialisation.
     """
-    from wsss.config import AttentionConfig
-    from wsss.data.transforms import backbone_mean_std
-
-    backbone = _seeded_backbone(seed, name=name, pretrained=pretrained, attention=AttentionConfig(name="vanilla"))
-    mean, std = backbone_mean_std(name)
-    return ModelEntry(backbone, mean, std)
+    backbone = _seeded(seed, lambda: build_backbone(name, pretrained, attention="vanilla"))
+    return ModelEntry(backbone, *backbone_mean_std(name))
 
 
 def model_from_config(
@@ -148,26 +147,14 @@ def model_from_config(
         options: ``--cfg-options`` style overrides, ``{"model.attention.gamma": -0.5}``.
         seed: Seed of the random initialisation.
     """
-    from wsss.config import load_config
-    from wsss.data.transforms import backbone_mean_std
-
     cfg = load_config(path, dict(options or {})).model
-    backbone = _seeded_backbone(
-        seed,
-        name=cfg.backbone,
-        pretrained=cfg.pretrained if pretrained is None else pretrained,
-        attention=cfg.attention,
-        drop_path_rate=cfg.drop_path_rate,
-        backbone_kwargs=cfg.backbone_kwargs,
-    )
-    mean, std = backbone_mean_std(cfg.backbone)
-    return ModelEntry(backbone, mean, std)
+    if pretrained is not None:
+        cfg = dataclasses.replace(cfg, pretrained=pretrained)
+    return ModelEntry(_seeded(seed, lambda: build_model_backbone(cfg)), *backbone_mean_std(cfg.backbone))
 
 
 def model_from_checkpoint_file(path: str | Path) -> ModelEntry:
     """The trained model of a wsss checkpoint, with the mean and std it was trained with."""
-    from wsss.engine.checkpoint import model_from_checkpoint
-
     model, ckpt = model_from_checkpoint(path)
     return ModelEntry(model, tuple(ckpt["mean"]), tuple(ckpt["std"]))
 

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wsss.models.attention import VariantAttention, record_attention
+
 RANK_THRESHOLD = 1e-3
 """Relative singular-value threshold of the numerical rank (the paper, sec. 4.1)."""
 
@@ -132,8 +134,6 @@ def layer_stats(model: nn.Module, images: torch.Tensor, threshold: float = RANK_
         ``token_cosine_similarity``), ``effective_rank`` (batch mean of the token matrices' effective rank),
         ``attn_numerical_rank`` (mean ``numerical_rank`` over batch and heads, or ``None``).
     """
-    from wsss.models.attention import VariantAttention, record_attention
-
     vit = _find_vit(model)
     n_blocks = len(vit.blocks)
     per_block: dict[int, list[torch.Tensor]] = {i: [] for i in range(n_blocks)}

@@ -1,7 +1,7 @@
 """A small synthetic dataset in PASCAL VOC 2012 layout: the default that ``make demo`` and the tests use.
 
 Real VOC cannot be downloaded everywhere, so :func:`make_toy_voc` writes a stand-in with the same files
-and conventions (``../../shared/DESIGN.md`` section 4)::
+and conventions (``docs/design.md`` section 4)::
 
     OUT_DIR/JPEGImages/<id>.jpg              RGB, 160-320 px per side, never square
     OUT_DIR/SegmentationClass/<id>.png       palette PNG, class indices, 255 = ignore band on boundaries

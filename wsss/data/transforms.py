@@ -53,7 +53,7 @@ class Sample:
 
 
 class TrainAugment:
-    """Training augmentation in the reference's order (DESIGN.md section 3), reproducible from an integer seed.
+    """Training augmentation in the reference's order (docs/design.md section 3), reproducible from an integer seed.
 
     Geometry first, on the uint8 image: random scale, horizontal flip, padding with ``pad_rgb`` to the crop
     size at a random position, random crop. Then, on the crop (padding included): colour jitter, grayscale,

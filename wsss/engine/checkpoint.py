@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from wsss.config import Config, from_dict, to_dict
+from wsss.models import build_model
 from wsss.utils.fileio import atomic_torch_save, atomic_write_text
 
 LAST_CHECKPOINT = "last_checkpoint"
@@ -150,8 +151,6 @@ def model_from_checkpoint(checkpoint: str | Path | dict[str, Any], device: str |
     Returns:
         ``(model, ckpt)``: ckpt holds ``config``, ``classes``, ``mean``, ``std``, ``step``.
     """
-    from wsss.models import build_model
-
     ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     cfg = config_from_checkpoint(ckpt)
     cfg.model.pretrained = ""  # the checkpoint holds every weight

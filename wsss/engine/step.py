@@ -1,6 +1,6 @@
 """One training step as plain functions: pseudo-label targets, the loss terms, their weighted total.
 
-DESIGN.md section 1::
+docs/design.md section 1::
 
     crops -> model -> L_cls (final classifier) + aux_weight * L_cls (aux classifier)
     from loss.seg_start_iter on, also:

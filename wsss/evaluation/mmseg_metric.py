@@ -6,7 +6,7 @@ mmseg. From an mmseg config::
     custom_imports = dict(imports=["wsss.evaluation.mmseg_metric"], allow_failed_imports=False)
     val_evaluator = dict(type="WSSSIoUMetric", iou_metrics=["mIoU"])
 
-From Python, ``wsss.evaluation.metrics.register_mmseg_metric()`` (or importing this module) does the same.
+From Python, ``import wsss.evaluation.mmseg_metric`` does the same.
 The arguments and returned keys are those of mmseg's ``IoUMetric``; the numbers agree with it (see the
 one documented difference in :mod:`wsss.evaluation.metrics`).
 """

@@ -4,7 +4,7 @@ The unary is ``-log(clip(p, 1e-5, 1))`` of the class probabilities (as ``pydense
 the pairwise terms are a Gaussian smoothness kernel (``gaussian_sxy``, ``gaussian_compat``) and a bilateral
 appearance kernel on the RGB image (``bilateral_sxy``, ``bilateral_srgb``, ``bilateral_compat``), both with
 Potts compatibility; ``iterations`` mean-field steps. Every constant comes from :class:`wsss.config.CrfConfig`
-(defaults: DESIGN.md section 3).
+(defaults: docs/design.md section 3).
 
 The CRF is single-threaded C++ and takes about as long as a DeiT-S forward pass per image, so
 :class:`CrfPool` runs it in ``CrfConfig.workers`` processes while the caller keeps feeding the model:

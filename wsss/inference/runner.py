@@ -1,11 +1,5 @@
-"""Inference: multi-scale + flip test-time augmentation, dense CRF, and the loop over image folders.
-
-Test-time augmentation (DESIGN.md section 3, "inference"), :func:`tta_forward` / :func:`predict_logits`:
-per scale ``s`` the image is resized to ``(int(s * H), int(s * W))`` (bilinear, ``align_corners=False``,
-the rule of :func:`wsss.cam.multiscale_cam`), run batched with its horizontal flip, the stride-16 logits
-are brought to the scaled image's extent with :func:`~wsss.models.segmentor.maps_to_pixels` (exact patch
-alignment, padding cropped), resized to ``(H, W)``, the flipped half un-flipped, and the two summed; the
-result is the elementwise max over scales.
+"""The inference loop over an image folder or a VOC split: decoding, batching, test-time augmentation
+(:mod:`wsss.models.tta`), the dense CRF pool (:mod:`wsss.inference.crf`) and the outputs.
 
 :func:`run_inference` is what ``tools/infer.py`` calls. Output layout under OUTPUT, mirroring each image's
 path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages`` (a VOC root with a split)::
@@ -36,28 +30,23 @@ Dense CRF (``crf=True``): softmax of the TTA logits, then :func:`wsss.inference.
 written when the job finishes, so the model loop does not wait for the CRF (it waits only when more than
 ``2 * workers + batch_size`` jobs are queued, to bound memory).
 
-Path safety: input files whose resolved path (symlinks followed) lies outside the input folder, split ids
-that are absolute or contain ``..``, and outputs whose resolved path would lie outside OUTPUT (a symlinked
-output folder) are skipped with a reason. Files under OUTPUT are never read as inputs when OUTPUT lies
-inside INPUT.
+Path safety: see :mod:`wsss.inference.sources`.
 """
 
 from __future__ import annotations
 
-import html
 import io
 import json
 import math
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import torch
@@ -67,134 +56,22 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from wsss.cam import normalize_cams
 from wsss.data.classes import voc_palette
-from wsss.data.folder import Skipped, scan_folder
+from wsss.data.folder import Skipped
 from wsss.data.transforms import normalize
-from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
 from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
+from wsss.inference.crf import CrfPool
+from wsss.inference.gallery import write_gallery
+from wsss.inference.sources import Source, inside, list_folder, list_split, output_paths
 from wsss.inference.visualize import cam_overlay, mask_overlay
-from wsss.models.segmentor import maps_to_pixels
+from wsss.models.tta import predicted_classes, tta_forward
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, read_image, save_image, save_mask
 
 THUMB_SIZE = 256
 BUCKET_WINDOW = 4
 """At most ``BUCKET_WINDOW * batch_size`` decoded images wait for a same-size batch."""
 
-__all__ = [
-    "InferenceOptions",
-    "InferenceSummary",
-    "SizeBuckets",
-    "Source",
-    "TTAOutput",
-    "downscale_logits",
-    "list_folder",
-    "list_split",
-    "output_paths",
-    "predict_logits",
-    "run_inference",
-    "tta_forward",
-    "write_gallery",
-]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Test-time augmentation
-
-
-@dataclass
-class TTAOutput:
-    """What :func:`tta_forward` returns for a batch of B images of size (H, W).
-
-    Attributes:
-        seg: (B, C, H, W) segmentation logits, summed over the flip, max over scales.
-        cls_logits: (B, C-1) classifier logits, averaged over every scale and flip pass.
-        cam: (B, C-1, H, W) CAMs in [0, 1] of every foreground class (ReLU of the max over the flip, summed
-            over scales, min-max normalised per plane as :func:`wsss.cam.multiscale_cam`, but at the
-            inference scales and not zeroed for absent classes), or None unless requested.
-    """
-
-    seg: Tensor
-    cls_logits: Tensor
-    cam: Tensor | None = None
-
-
-def _scaled_size(scale: float, size: Sequence[int]) -> tuple[int, int]:
-    return max(1, int(scale * size[0])), max(1, int(scale * size[1]))
-
-
-@torch.no_grad()
-def tta_forward(
-    model: torch.nn.Module,
-    images: Tensor,
-    scales: Sequence[float],
-    flip: bool,
-    cams: bool = False,
-) -> TTAOutput:
-    """Multi-scale (and flipped) segmentation logits of a batch of same-size images, in one pass per scale.
-
-    Args:
-        model: A :class:`~wsss.models.segmentor.WSSSModel` (anything whose ``forward`` returns ``seg`` at
-            ``model.stride``, ``logits`` and, for ``cams``, ``features`` for ``model.classifier.cam``), in
-            eval mode.
-        images: (B, 3, H, W) normalised images.
-        scales: Image scales; the size at scale ``s`` is ``(int(s * H), int(s * W))``.
-        flip: Also run every scale's horizontal flip (batched with it) and sum the un-flipped logits.
-        cams: Also compute the CAMs from the same passes.
-
-    Returns:
-        :class:`TTAOutput`, float32 on the images' device.
-    """
-    if not scales:
-        raise ValueError("tta_forward needs at least one scale")
-    b, _, h, w = images.shape
-    seg_max = cam_sum = None
-    cls_sum = 0.0
-    passes = 0
-    for s in scales:
-        size = _scaled_size(s, (h, w))
-        x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
-        if flip:
-            x = torch.cat([x, x.flip(-1)], dim=0)
-        out = model(x)
-        seg = maps_to_pixels(out.seg.float(), size, model.stride, (h, w))
-        if flip:
-            seg = seg[:b] + seg[b:].flip(-1)
-        seg_max = seg if seg_max is None else torch.maximum(seg_max, seg)
-        logits = out.logits.float()
-        cls_sum = cls_sum + (logits[:b] + logits[b:] if flip else logits)
-        passes += 2 if flip else 1
-        if cams:
-            cam = maps_to_pixels(model.classifier.cam(out.features).float(), size, model.stride, (h, w))
-            if flip:
-                cam = torch.maximum(cam[:b], cam[b:].flip(-1))
-            cam = F.relu(cam)
-            cam_sum = cam if cam_sum is None else cam_sum + cam
-    if cam_sum is not None:
-        cam_sum = normalize_cams(cam_sum)
-    return TTAOutput(seg=seg_max, cls_logits=cls_sum / passes, cam=cam_sum)
-
-
-def predict_logits(
-    model: torch.nn.Module, image: Tensor, scales: Sequence[float], flip: bool
-) -> Tensor:
-    """TTA segmentation logits: (B, 3, H, W) normalised images (B = 1 usually) -> (B, C, H, W) float32.
-
-    Per scale: resize, run batched with the flip, un-flip, sum over the flip, resize to (H, W); then the
-    max over scales. See :func:`tta_forward`.
-    """
-    return tta_forward(model, image, scales, flip).seg
-
-
-def predicted_classes(cls_logits: Tensor, threshold: float) -> tuple[Tensor, bool]:
-    """(C-1,) classifier logits -> (bool mask of the foreground classes to show, whether it is the top-1
-    fallback because no class passes ``sigmoid > threshold``)."""
-    present = cls_logits.sigmoid() > threshold
-    if present.any():
-        return present, False
-    top = torch.zeros_like(present)
-    top[cls_logits.argmax()] = True
-    return top, True
+__all__ = ["InferenceOptions", "InferenceSummary", "SizeBuckets", "default_output", "downscale_logits", "run_inference"]
 
 
 def downscale_logits(seg: Tensor, factor: int) -> np.ndarray:
@@ -202,133 +79,6 @@ def downscale_logits(seg: Tensor, factor: int) -> np.ndarray:
     size = (math.ceil(seg.shape[-2] / factor), math.ceil(seg.shape[-1] / factor))
     small = F.interpolate(seg[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)
     return small[0].to(torch.float16).cpu().numpy()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Inputs and output paths
-
-
-@dataclass
-class Source:
-    """One input image: its path relative to the input base (POSIX) and its file."""
-
-    rel: str
-    path: Path
-
-
-def _inside(path: Path, root: Path) -> bool:
-    """Whether ``path`` with every symlink resolved lies in the resolved ``root``."""
-    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
-
-
-def list_folder(root: str | Path, exclude: str | Path | None = None) -> tuple[list[Source], list[Skipped]]:
-    """Image files under ``root`` (recursive, sorted; symlinked folders are not entered).
-
-    Args:
-        root: The input folder.
-        exclude: A folder whose files are never inputs (the output folder, when it lies inside ``root``).
-
-    Returns:
-        The images, and the files skipped with their reasons: non-image files, and symlinks resolving
-        outside ``root``.
-    """
-    root = Path(root)
-    rels, skipped = scan_folder(root)
-    sources = []
-    for rel in rels:
-        path = root / rel
-        if exclude is not None and _inside(path, exclude) and _inside(Path(exclude), root):
-            continue
-        if not _inside(path, root):
-            skipped.append(Skipped(rel, f"resolves outside the input folder ({os.path.realpath(path)})"))
-            continue
-        sources.append(Source(PurePosixPath(Path(rel)).as_posix(), path))
-    return sources, skipped
-
-
-def safe_relative(name: str) -> str | None:
-    """``name`` as a clean relative POSIX path, or None if it is empty, absolute or climbs with ``..``."""
-    if not name or "\0" in name or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
-        return None
-    parts = PurePosixPath(name.replace("\\", "/")).parts
-    if not parts or any(p in ("..", "") for p in parts):
-        return None
-    return PurePosixPath(*[p for p in parts if p != "."]).as_posix() or None
-
-
-def list_split(root: str | Path, split: str) -> tuple[list[Source], list[Skipped]]:
-    """Images of a VOC-layout root listed by a split (a name under ``ImageSets/Segmentation`` or a file).
-
-    Ids are looked up as ``JPEGImages/<id>{.jpg,.jpeg,.png}``; relative paths are taken from JPEGImages.
-    Ids that are absolute or contain ``..``, ids without an image, and images resolving outside
-    JPEGImages are skipped with a reason.
-    """
-    base = Path(root) / "JPEGImages"
-    if not base.is_dir():
-        raise FileNotFoundError(f"{root} has no JPEGImages/ folder; with --split, INPUT must be a VOC-layout root")
-    sources, skipped, seen = [], [], set()
-    for image_id in read_split(resolve_split(Path(root), split)):
-        rel_id = safe_relative(image_id)
-        if rel_id is None:
-            skipped.append(Skipped(image_id, "unsafe id in the split file (absolute, empty or with '..')"))
-            continue
-        path = next((base / f"{rel_id}{ext}" for ext in IMAGE_SUFFIXES if (base / f"{rel_id}{ext}").is_file()), None)
-        if path is None:
-            skipped.append(Skipped(image_id, f"no image JPEGImages/{rel_id}{{{','.join(IMAGE_SUFFIXES)}}}"))
-        elif not _inside(path, base):
-            skipped.append(Skipped(image_id, f"resolves outside JPEGImages ({os.path.realpath(path)})"))
-        elif rel_id not in seen:
-            seen.add(rel_id)
-            sources.append(Source(path.relative_to(base).as_posix(), path))
-    return sources, skipped
-
-
-def output_paths(output: Path, rel: str, kinds: Iterable[str]) -> dict[str, Path]:
-    """Output file of each kind (``masks``, ``overlays``, ``cams``, ``logits``, ``thumbs``) for input ``rel``."""
-    suffix = {"masks": ".png", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg"}
-    stem = PurePosixPath(rel).with_suffix("")
-    return {k: output / k / f"{stem}{suffix[k]}" for k in kinds}
-
-
-def _url(path: str) -> str:
-    return html.escape(quote(path), quote=True)
-
-
-def write_gallery(
-    output: str | Path, rels: Sequence[str], labels: dict[str, dict] | None = None, cls_thresh: float = 0.5
-) -> Path:
-    """Write ``output/index.html``: one row per image with its thumbnail, mask overlay and CAM.
-
-    Links are relative (the folder can be moved or served as is); names are HTML-escaped and URLs
-    percent-encoded.
-    """
-    output = Path(output)
-    labels = labels or {}
-    rows = []
-    for rel in rels:
-        paths = output_paths(Path(), rel, ("thumbs", "overlays", "cams"))
-        cells = []
-        for kind in ("thumbs", "overlays", "cams"):
-            url = _url(paths[kind].as_posix())
-            cells.append(f'<td><a href="{url}"><img src="{url}" height="160" loading="lazy" alt=""></a></td>')
-        info = labels.get(rel, {})
-        shown = ", ".join(info.get("cam_classes", []))
-        note = " (top-1)" if info.get("top1_fallback") else ""
-        rows.append(
-            f"<tr><td>{html.escape(rel)}</td>{''.join(cells)}<td>{html.escape(shown)}{html.escape(note)}</td></tr>"
-        )
-    page = (
-        '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>wsss predictions</title>\n'
-        "<style>body{font-family:sans-serif} td{padding:4px;vertical-align:top}</style></head><body>\n"
-        f"<p>{len(rels)} images. Columns: input, predicted mask, CAM of the classes the classifier predicts "
-        f"present (sigmoid &gt; {cls_thresh}; top-1 when none).</p>\n"
-        "<table><tr><th>image</th><th>input</th><th>mask</th><th>CAM</th><th>CAM classes</th></tr>\n"
-        + "\n".join(rows)
-        + "\n</table></body></html>\n"
-    )
-    path = output / "index.html"
-    atomic_write_text(path, page)
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -554,16 +304,20 @@ def run_inference(
     with ExitStack() as stack:
         pool = None
         if opts.crf and todo:  # workers start before the model exists (see CrfPool)
-            from wsss.inference.crf import CrfPool
-
             pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers))
         model, _ = model_from_checkpoint(ckpt, device)
-        runner = _Runner(model, ckpt, output, kinds, opts, cfg.infer, scales, flip, summary, pool)
+        setup = LoopSetup(
+            model=model, classes=list(ckpt["classes"]), mean=tuple(ckpt["mean"]), std=tuple(ckpt["std"]),
+            kinds=kinds, scales=scales, flip=flip, cls_thresh=cfg.infer.cls_thresh,
+            logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size, num_workers=opts.num_workers,
+            progress=opts.progress,
+        )  # fmt: skip
+        loop = _InferenceLoop(setup, summary, pool)
         tic = time.perf_counter()
-        runner.run(todo)
+        loop.run(todo)
         summary.seconds = time.perf_counter() - tic
-    finished += runner.finished
-    labels = _update_labels_file(output, runner.labels, ckpt["classes"], cfg.infer.cls_thresh)
+    finished += loop.finished
+    labels = _update_labels_file(output, loop.labels, ckpt["classes"], cfg.infer.cls_thresh)
     if opts.gallery:
         shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
         write_gallery(output, shown, labels, cfg.infer.cls_thresh)
@@ -582,7 +336,7 @@ def _plan(
     todo, done, claimed = [], [], {}
     for src in sources:
         paths = output_paths(output, src.rel, kinds)
-        escaped = [p for p in paths.values() if not _inside(p, output)]
+        escaped = [p for p in paths.values() if not inside(p, output)]
         if escaped:
             reason = f"output {escaped[0]} resolves outside the output folder ({os.path.realpath(escaped[0])})"
             summary.skipped.append(Skipped(src.rel, reason))
@@ -635,18 +389,46 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-class _Runner:
+@dataclass
+class LoopSetup:
+    """What the inference loop needs besides the images, as :func:`run_inference` resolved it.
+
+    Attributes:
+        model: The model, in eval mode on its device.
+        classes: Class names, background first.
+        mean: Normalisation mean of the model.
+        std: Normalisation std.
+        kinds: Output kinds written per image (:meth:`InferenceOptions.kinds`).
+        scales: TTA scales.
+        flip: Flip TTA.
+        cls_thresh: Classifier sigmoid above which a class counts as present.
+        logits_stride: Downscaling of the saved logits.
+        batch_size: Images per forward batch.
+        num_workers: Decoding processes.
+        progress: Show a progress bar.
+    """
+
+    model: torch.nn.Module
+    classes: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    kinds: list[str]
+    scales: tuple[float, ...]
+    flip: bool
+    cls_thresh: float
+    logits_stride: int
+    batch_size: int
+    num_workers: int
+    progress: bool
+
+
+class _InferenceLoop:
     """State of one :func:`run_inference` loop: decoding, batching, model, CRF jobs, writing."""
 
-    def __init__(self, model, ckpt, output, kinds, opts, infer_cfg, scales, flip, summary, pool) -> None:
-        self.model, self.output, self.kinds, self.opts = model, output, kinds, opts
-        self.cls_thresh, self.logits_stride = infer_cfg.cls_thresh, infer_cfg.logits_stride
-        self.scales, self.flip, self.summary = scales, flip, summary
-        self.classes = list(ckpt["classes"])
-        self.mean, self.std = tuple(ckpt["mean"]), tuple(ckpt["std"])
-        self.device = next(model.parameters()).device
+    def __init__(self, setup: LoopSetup, summary: InferenceSummary, pool: CrfPool | None) -> None:
+        self.setup, self.summary, self.pool = setup, summary, pool
+        self.device = next(setup.model.parameters()).device
         self.palette = voc_palette()
-        self.pool = pool
         self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, Future]] = deque()
         self.labels: dict[str, dict] = {}
         self.finished: list[str] = []
@@ -656,11 +438,11 @@ class _Runner:
         loader = DataLoader(
             _ImageList([src for src, _ in todo]),
             batch_size=None,
-            num_workers=self.opts.num_workers if len(todo) > 1 else 0,
+            num_workers=self.setup.num_workers if len(todo) > 1 else 0,
             collate_fn=_identity,
         )
-        buckets = SizeBuckets(self.opts.batch_size)
-        self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.opts.progress)
+        buckets = SizeBuckets(self.setup.batch_size)
+        self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.setup.progress)
         try:
             for item in loader:
                 src, paths = todo[item["index"]]
@@ -677,20 +459,21 @@ class _Runner:
             self.bar.close()
 
     def _run_batch(self, batch: list[tuple[Source, dict[str, Path], np.ndarray]]) -> None:
-        images = torch.stack([normalize(raw, self.mean, self.std) for _, _, raw in batch]).to(self.device)
-        out = tta_forward(self.model, images, self.scales, self.flip, cams="cams" in self.kinds)
+        setup = self.setup
+        images = torch.stack([normalize(raw, setup.mean, setup.std) for _, _, raw in batch]).to(self.device)
+        out = tta_forward(setup.model, images, setup.scales, setup.flip, cams="cams" in setup.kinds)
         for i, (src, paths, raw) in enumerate(batch):
             seg = out.seg[i]
-            shown, top1 = predicted_classes(out.cls_logits[i], self.cls_thresh)
-            present = out.cls_logits[i].sigmoid() > self.cls_thresh
-            names = self.classes[1:]
+            shown, top1 = predicted_classes(out.cls_logits[i], setup.cls_thresh)
+            present = out.cls_logits[i].sigmoid() > setup.cls_thresh
+            names = setup.classes[1:]
             self.labels[src.rel] = {
                 "present": [n for n, p in zip(names, present.tolist(), strict=True) if p],
                 "cam_classes": [n for n, p in zip(names, shown.tolist(), strict=True) if p],
                 "top1_fallback": top1,
             }
             if "logits" in paths:
-                _save_npy(paths["logits"], downscale_logits(seg, self.logits_stride))
+                _save_npy(paths["logits"], downscale_logits(seg, setup.logits_stride))
             if "cams" in paths:
                 save_image(paths["cams"], cam_overlay(raw, out.cam[i][shown].cpu().numpy()))
             if "thumbs" in paths:
@@ -707,7 +490,7 @@ class _Runner:
     def _collect(self, block: bool) -> None:
         """Write the masks of finished CRF jobs (in submission order); with ``block``, wait for all. Also
         waits for the oldest job while more than ``2 * workers + batch_size`` are queued."""
-        limit = 0 if block else 2 * (self.pool.workers if self.pool else 0) + self.opts.batch_size
+        limit = 0 if block else 2 * (self.pool.workers if self.pool else 0) + self.setup.batch_size
         while self.pending and (self.pending[0][3].done() or len(self.pending) > limit):
             src, paths, raw, future = self.pending.popleft()
             try:

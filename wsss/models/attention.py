@@ -1,21 +1,22 @@
 """Self-attention variants against oversmoothing, as drop-in replacements inside timm ViT blocks.
 
 Let ``A = softmax(Q K^T / sqrt(d))`` per head over the ``n`` tokens (class token included) and ``V`` the
-values. The variants (``../shared/DESIGN.md`` section 2):
+values. The variants (``docs/design.md`` section 2):
 
 - ``vanilla``: ``A V`` (timm's own attention).
 - ``centered``: ``(A + gamma 11^T / n) V = A V + gamma * mean_tokens(V)``; rows sum to ``1 + gamma``.
 - ``neutreno``: ``A V + lam (V0 - V)``, ``V0`` the values of the first NeuTRENO layer of the model.
 - ``gfsa``: ``H V`` with ``H = w0 I + w1 A + wK (A + (K-1)(A^2 - A))``, learnable ``w0, w1, wK`` per head
   (initialised to 0, 1, 0, i.e. vanilla attention).
-- ``contranorm``: a layer after attention + residual, ``LayerNorm(H - s/tau softmax(Hn Hn^T / tau) H)``;
-  it is a block-level variant (:class:`ContraNormBlock`).
+- ``contranorm``: a layer after attention + residual (:mod:`wsss.models.contranorm`).
+
+The registry of variant names is :mod:`wsss.models.variants`.
 
 Every attention variant subclasses timm's :class:`timm.layers.Attention` and keeps its parameter names
 (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``proj``), so timm checkpoints load unchanged. Each has a fused
 path built on ``F.scaled_dot_product_attention`` that never forms the ``n x n`` matrix, and an explicit
 path that materialises the effective attention matrix. The explicit path runs when ``fused_attn`` is False
-(timm's flag; see :func:`set_fused_attention`) or while :func:`record_attention` is active.
+(timm's flag; see :func:`wsss.models.variants.set_fused_attention`) or while :func:`record_attention` is active.
 """
 
 from __future__ import annotations
@@ -27,24 +28,17 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention
-from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 
 __all__ = [
-    "ATTENTION_VARIANTS",
     "CenteredAttention",
-    "ContraNorm",
-    "ContraNormBlock",
     "FirstValues",
     "GFSAAttention",
     "NeuTRENOAttention",
     "VanillaAttention",
     "VariantAttention",
-    "build_attention",
-    "get_variant",
     "link_first_values",
     "record_attention",
-    "set_fused_attention",
 ]
 
 
@@ -332,153 +326,6 @@ class GFSAAttention(VariantAttention):
         return f"k={self.order}"
 
 
-class ContraNorm(nn.Module):
-    """ContraNorm (Guo et al., ICLR 2023, Eq. 9): ``LayerNorm(H - s/tau * softmax(Hn Hn^T / tau) H)``.
-
-    ``H`` (B, N, D) are the tokens of one image. ``Hn`` is ``H`` with L2-normalised rows when ``normalize``
-    (as in the authors' released code; on a ViT residual stream, whose token norms reach the hundreds, the
-    un-normalised similarity saturates the softmax), else ``H`` itself (the paper's formula). The softmax
-    product is one SDPA call with ``q = k = Hn``, ``v = H``, ``scale = 1/tau``. With ``s = 0`` the layer is
-    a plain LayerNorm. The LayerNorm is new (weight 1, bias 0).
-
-    Args:
-        dim: Token dimension.
-        scale: Step size ``s`` of the uniformity term.
-        tau: Temperature.
-        normalize: L2-normalise the tokens inside the similarity.
-        eps: LayerNorm epsilon.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        *,
-        scale: float,
-        tau: float,
-        normalize: bool,
-        eps: float = 1e-6,
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        super().__init__()
-        if tau <= 0:
-            raise ValueError(f"contranorm: tau must be > 0, got {tau}")
-        self.scale = float(scale)
-        self.tau = float(tau)
-        self.normalize = normalize
-        self.fused_attn = True
-        self.norm = nn.LayerNorm(dim, eps=eps, device=device, dtype=dtype)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, N, D) -> (B, N, D)."""
-        if self.scale != 0.0:
-            x = x - (self.scale / self.tau) * self.uniformity_term(x)
-        return self.norm(x)
-
-    def uniformity_term(self, x: Tensor) -> Tensor:
-        """``softmax(Hn Hn^T / tau) H`` (B, N, D)."""
-        key = F.normalize(x, dim=-1) if self.normalize else x
-        if self.fused_attn:
-            key = key[:, None]
-            return F.scaled_dot_product_attention(key, key, x[:, None], scale=1.0 / self.tau)[:, 0]
-        sim = (key @ key.transpose(-2, -1) / self.tau).softmax(dim=-1)
-        return sim @ x
-
-    def extra_repr(self) -> str:
-        return f"scale={self.scale}, tau={self.tau}, normalize={self.normalize}"
-
-
-class ContraNormBlock(Block):
-    """timm's pre-norm ViT block with :class:`ContraNorm` after the attention + residual.
-
-    ``x = ContraNorm(x + attn(norm1(x))); x = x + mlp(norm2(x))``. The attention is
-    :class:`VanillaAttention` (so it has the explicit path and is recorded by :func:`record_attention`; the
-    ContraNorm similarity is not recorded). The block's timm parameter names are unchanged; the new ones are
-    ``contra_norm.norm.weight`` and ``contra_norm.norm.bias``.
-
-    Args:
-        dim: Token dimension.
-        num_heads: Number of heads.
-        scale: ContraNorm step ``s``.
-        tau: ContraNorm temperature.
-        normalize: L2-normalise tokens inside the similarity (the authors' code); False is the paper's raw form.
-        **block_kwargs: Passed to :class:`timm.models.vision_transformer.Block`.
-    """
-
-    config_fields = ("scale", "tau", "normalize")
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        scale: float,
-        tau: float,
-        normalize: bool,
-        **block_kwargs: Any,
-    ) -> None:
-        super().__init__(dim, num_heads, attn_layer=VanillaAttention, **block_kwargs)
-        factory = {"device": block_kwargs.get("device"), "dtype": block_kwargs.get("dtype")}
-        self.contra_norm = ContraNorm(dim, scale=scale, tau=tau, normalize=normalize, **factory)
-
-    @classmethod
-    def from_timm(cls, block: Block, *, scale: float, tau: float, normalize: bool) -> ContraNormBlock:
-        """The ContraNorm block around the submodules (and weights) of a timm ``Block``."""
-        if type(block) is not Block:
-            raise TypeError(f"contranorm needs timm's vision_transformer.Block, got {type(block).__name__}")
-        weight = block.attn.qkv.weight
-        dim = block.attn.qkv.in_features
-        new = cls(dim, block.attn.num_heads, scale=scale, tau=tau, normalize=normalize, device="meta")
-        for name, child in block.named_children():
-            setattr(new, name, child)
-        if not isinstance(new.attn, VariantAttention):
-            new.attn = VanillaAttention.from_timm(new.attn)
-        new.contra_norm = ContraNorm(
-            dim, scale=scale, tau=tau, normalize=normalize, device=weight.device, dtype=weight.dtype
-        )
-        new.train(block.training)
-        return new
-
-    @classmethod
-    def convert_block(cls, block: nn.Module, **kwargs: Any) -> nn.Module:
-        """The ContraNorm version of ``block`` (same weights)."""
-        return cls.from_timm(block, **kwargs)
-
-    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)))
-        x = self.contra_norm(x)
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return x
-
-
-ATTENTION_VARIANTS: dict[str, type[nn.Module]] = {
-    "vanilla": VanillaAttention,
-    "centered": CenteredAttention,
-    "neutreno": NeuTRENOAttention,
-    "gfsa": GFSAAttention,
-    "contranorm": ContraNormBlock,
-}
-"""Variant name -> class. Attention classes subclass timm's ``Attention``; ``contranorm`` is a ``Block``."""
-
-
-def get_variant(name: str) -> type[nn.Module]:
-    """The class of variant ``name``; the error lists the valid names."""
-    try:
-        return ATTENTION_VARIANTS[name]
-    except KeyError:
-        raise ValueError(f"unknown attention variant '{name}'; valid names: {', '.join(ATTENTION_VARIANTS)}") from None
-
-
-def build_attention(name: str, **kwargs: Any) -> nn.Module:
-    """A new variant module, e.g. ``build_attention("centered", dim=384, num_heads=6, gamma=-1.0, qkv_bias=True)``.
-
-    Args:
-        name: One of :data:`ATTENTION_VARIANTS`.
-        **kwargs: The class's constructor arguments (``contranorm`` builds a whole block).
-    """
-    return get_variant(name)(**kwargs)
-
-
 def link_first_values(module: nn.Module) -> FirstValues | None:
     """Tie the NeuTRENO layers inside ``module`` to one :class:`FirstValues`; the first one (in module
     order, which is block order for a ViT) provides ``V0``. Returns the holder, or None without NeuTRENO."""
@@ -490,18 +337,6 @@ def link_first_values(module: nn.Module) -> FirstValues | None:
         layer.first_values = holder
         layer.is_first = i == 0
     return holder
-
-
-def set_fused_attention(module: nn.Module, enabled: bool) -> int:
-    """Switch every variant attention (and ContraNorm) inside ``module`` to the fused or explicit path.
-
-    Returns:
-        The number of layers switched.
-    """
-    layers = [m for m in module.modules() if isinstance(m, (VariantAttention, ContraNorm))]
-    for m in layers:
-        m.fused_attn = enabled
-    return len(layers)
 
 
 @contextmanager

@@ -23,8 +23,8 @@ from timm.models import clean_state_dict
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from torch import nn
 
-from wsss.config import AttentionConfig
-from wsss.models.attention import FirstValues, get_variant, link_first_values
+from wsss.models.attention import FirstValues, link_first_values
+from wsss.models.variants import get_variant
 
 __all__ = [
     "BackboneOutput",
@@ -126,9 +126,11 @@ class ViTBackbone(nn.Module):
 
 
 def build_backbone(
-    name: str = "deit_small_patch16_224",
+    name: str,
     pretrained: str = "",
-    attention: AttentionConfig | None = None,
+    attention: str = "vanilla",
+    attention_blocks: Sequence[int] | None = None,
+    attention_kwargs: Mapping[str, Any] | None = None,
     drop_path_rate: float = 0.0,
     backbone_kwargs: Mapping[str, Any] | None = None,
 ) -> ViTBackbone:
@@ -138,12 +140,14 @@ def build_backbone(
         name: Any timm VisionTransformer name.
         pretrained: ``""`` random init; ``"hub"`` timm's default weights; ``"hub:<tag>"`` the weights
             ``<name>.<tag>``; otherwise a local checkpoint file (see :func:`load_timm_checkpoint`).
-        attention: Variant, blocks and constants; None means ``AttentionConfig()`` (centered, every block).
+        attention: Variant name (:data:`wsss.models.attention.ATTENTION_VARIANTS`); ``vanilla`` is timm's.
+        attention_blocks: Block indices (negative allowed) that get the variant; None: every block.
+        attention_kwargs: The variant's own arguments (e.g. ``{"gamma": -1.0}`` for ``centered``).
         drop_path_rate: Stochastic depth rate.
         backbone_kwargs: Extra ``timm.create_model`` arguments (they override the defaults above).
     """
     vit = create_vit(name, pretrained, drop_path_rate, backbone_kwargs)
-    apply_attention_variant(vit, attention if attention is not None else AttentionConfig())
+    apply_attention_variant(vit, attention, attention_blocks, **(attention_kwargs or {}))
     return ViTBackbone(vit)
 
 
@@ -255,15 +259,22 @@ def resolve_block_indices(blocks: Sequence[int] | None, depth: int) -> list[int]
     return sorted(out)
 
 
-def apply_attention_variant(vit: VisionTransformer, cfg: AttentionConfig) -> list[int]:
-    """Swap the variant ``cfg.name`` into blocks ``cfg.blocks`` of ``vit`` in place, keeping the weights.
+def apply_attention_variant(
+    vit: VisionTransformer, name: str, blocks: Sequence[int] | None = None, **kwargs: Any
+) -> list[int]:
+    """Swap the variant ``name`` into ``blocks`` (None: all) of ``vit`` in place, keeping the weights.
+
+    Args:
+        vit: The timm model.
+        name: Variant name.
+        blocks: Block indices, negative allowed.
+        **kwargs: The variant's own arguments.
 
     Returns:
         The absolute indices of the converted blocks.
     """
-    cls = get_variant(cfg.name)
-    kwargs = {field: getattr(cfg, field) for field in cls.config_fields}
-    indices = resolve_block_indices(cfg.blocks, len(vit.blocks))
+    cls = get_variant(name)
+    indices = resolve_block_indices(blocks, len(vit.blocks))
     for i in indices:
         vit.blocks[i] = cls.convert_block(vit.blocks[i], **kwargs)
     return indices

@@ -14,11 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsss.config import ModelConfig
-from wsss.models.backbone import ViTBackbone, build_backbone
+from wsss.models.backbone import ViTBackbone
 from wsss.models.heads import Classifier, LargeFOV
 
-__all__ = ["ModelOutput", "WSSSModel", "build_model", "cover_image", "maps_to_pixels", "resize_to_image"]
+__all__ = ["ModelOutput", "WSSSModel", "cover_image", "maps_to_pixels", "resize_to_image"]
 
 
 @dataclass
@@ -159,25 +158,3 @@ def maps_to_pixels(
     if tuple(maps.shape[-2:]) != size:
         maps = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
     return maps
-
-
-def build_model(cfg: ModelConfig, num_classes: int) -> WSSSModel:
-    """The model described by ``cfg`` for ``num_classes`` classes (background included); with
-    ``cfg.freeze_pos_embed`` the position embedding does not train."""
-    backbone = build_backbone(
-        cfg.backbone,
-        pretrained=cfg.pretrained,
-        attention=cfg.attention,
-        drop_path_rate=cfg.drop_path_rate,
-        backbone_kwargs=cfg.backbone_kwargs,
-    )
-    if cfg.freeze_pos_embed and backbone.vit.pos_embed is not None:
-        backbone.vit.pos_embed.requires_grad_(False)
-    return WSSSModel(
-        backbone,
-        num_classes,
-        aux_layer=cfg.aux_layer,
-        decoder_channels=cfg.decoder_channels,
-        decoder_dilation=cfg.decoder_dilation,
-        kaiming_init=cfg.head_init == "kaiming",
-    )

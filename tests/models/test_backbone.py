@@ -15,6 +15,7 @@ from wsss.models import (
     ContraNormBlock,
     NeuTRENOAttention,
     VariantAttention,
+    attention_args,
     build_backbone,
     resolve_block_indices,
 )
@@ -42,7 +43,7 @@ def tiny_state_dict(seed: int = 0, **kwargs) -> dict[str, torch.Tensor]:
 def test_local_checkpoint_gives_timm_outputs(deit_checkpoint):
     path, ref = deit_checkpoint
     torch.manual_seed(123)  # a different random init, overwritten by the checkpoint
-    backbone = build_backbone(DEIT, pretrained=str(path), attention=AttentionConfig(name="vanilla")).eval()
+    backbone = build_backbone(DEIT, pretrained=str(path), attention="vanilla").eval()
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = backbone(x, [-3])
@@ -56,7 +57,7 @@ def test_local_checkpoint_gives_timm_outputs(deit_checkpoint):
 @pytest.mark.parametrize("name", list(ATTENTION_VARIANTS))
 def test_checkpoint_loads_into_every_variant(deit_checkpoint, name):
     path, ref = deit_checkpoint
-    backbone = build_backbone(DEIT, pretrained=str(path), attention=AttentionConfig(name=name))
+    backbone = build_backbone(DEIT, pretrained=str(path), **attention_args(AttentionConfig(name=name)))
     expected = {k: v for k, v in ref.state_dict().items() if not k.startswith("head.")}
     got = backbone.vit.state_dict()
     for key, value in expected.items():
@@ -92,7 +93,7 @@ def test_checkpoint_wrappers(tmp_path, wrap):
     }[wrap]
     path = tmp_path / "w.pt"
     torch.save(obj, path)
-    backbone = build_backbone(TINY_NAME, str(path), AttentionConfig(name="gfsa"), backbone_kwargs=TINY)
+    backbone = build_backbone(TINY_NAME, str(path), "gfsa", attention_kwargs={"k": 3}, backbone_kwargs=TINY)
     for key, value in sd.items():
         if not key.startswith("head."):
             assert torch.equal(backbone.vit.state_dict()[key], value), key
@@ -104,7 +105,7 @@ def test_position_embedding_resized_like_timm(tmp_path):
     path = tmp_path / "grid4.pt"
     torch.save(ref.state_dict(), path)
     backbone = build_backbone(
-        TINY_NAME, str(path), AttentionConfig(name="vanilla"), backbone_kwargs={**TINY, "img_size": 96}
+        TINY_NAME, str(path), "vanilla", backbone_kwargs={**TINY, "img_size": 96}
     ).eval()
     pos = backbone.vit.pos_embed
     assert pos.shape == (1, 1 + 6 * 6, 64)
@@ -171,7 +172,7 @@ def test_hub_weights_requested_from_timm(monkeypatch):
 
 def test_variant_only_in_selected_blocks():
     backbone = build_backbone(
-        TINY_NAME, attention=AttentionConfig(name="contranorm", blocks=[0, -1]), backbone_kwargs=TINY
+        TINY_NAME, backbone_kwargs=TINY, **attention_args(AttentionConfig(name="contranorm", blocks=[0, -1]))
     )
     kinds = [type(b).__name__ for b in backbone.vit.blocks]
     assert kinds == ["ContraNormBlock", "Block", "Block", "ContraNormBlock"]
@@ -195,7 +196,8 @@ def test_drop_path_rate_and_backbone_kwargs_reach_timm():
 
 def test_early_stop_and_neutreno_values_released():
     torch.manual_seed(0)
-    backbone = build_backbone(TINY_NAME, attention=AttentionConfig(name="neutreno"), backbone_kwargs=TINY).eval()
+    neutreno = attention_args(AttentionConfig(name="neutreno"))
+    backbone = build_backbone(TINY_NAME, backbone_kwargs=TINY, **neutreno).eval()
     assert isinstance(backbone.vit.blocks[0].attn, NeuTRENOAttention)
     x = torch.randn(1, 3, 32, 48)
     with torch.no_grad():
@@ -214,5 +216,5 @@ def test_contranorm_normalize_comes_from_the_config():
 
     for normalize in (True, False):
         cfg = AttentionConfig(name="contranorm", normalize=normalize)
-        backbone = build_backbone("vit_tiny_patch16_224", attention=cfg, backbone_kwargs={"depth": 2})
+        backbone = build_backbone("vit_tiny_patch16_224", backbone_kwargs={"depth": 2}, **attention_args(cfg))
         assert all(block.contra_norm.normalize is normalize for block in backbone.vit.blocks)

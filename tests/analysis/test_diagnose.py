@@ -23,7 +23,7 @@ from wsss.analysis.diagnose import (
 from wsss.analysis.oversmoothing import layer_stats
 from wsss.config import AttentionConfig, dump_config
 from wsss.engine.train import train
-from wsss.models import build_backbone
+from wsss.models import attention_args, build_backbone
 from wsss.utils.fileio import save_image
 
 TINY_VIT = {"depth": 3, "embed_dim": 32, "num_heads": 2, "patch_size": 8}
@@ -32,7 +32,8 @@ MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
 
 def tiny_backbone(attention: str, seed: int = 0):
     torch.manual_seed(seed)
-    backbone = build_backbone("vit_tiny_patch16_224", "", AttentionConfig(name=attention), backbone_kwargs=TINY_VIT)
+    variant = attention_args(AttentionConfig(name=attention))
+    backbone = build_backbone("vit_tiny_patch16_224", backbone_kwargs=TINY_VIT, **variant)
     return backbone.eval()
 
 

@@ -19,7 +19,7 @@ from wsss.config import dump_config
 from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from wsss.engine.train import NonFiniteLossError, train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_resume_is_exact(tiny_voc, tmp_path):

@@ -22,6 +22,7 @@ from wsss.models import (
     GFSAAttention,
     NeuTRENOAttention,
     VanillaAttention,
+    attention_args,
     build_attention,
     build_backbone,
     record_attention,
@@ -36,7 +37,7 @@ def tiny_backbone(name: str, seed: int = 0, **attention):
     """A 4-block, 64-dim ViT with variant ``name``; the same seed gives the same timm weights."""
     torch.manual_seed(seed)
     cfg = AttentionConfig(name=name, **attention)
-    return build_backbone(TINY_NAME, attention=cfg, backbone_kwargs=TINY).eval()
+    return build_backbone(TINY_NAME, backbone_kwargs=TINY, **attention_args(cfg)).eval()
 
 
 def images(b: int = 2, h: int = 48, w: int = 64, seed: int = 1) -> torch.Tensor:

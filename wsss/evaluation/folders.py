@@ -1,0 +1,174 @@
+"""Scoring folders of predicted label masks against ground-truth masks (``tools/eval.py``).
+
+Masks are matched by their path relative to each folder, without extension, decoded in threads and counted
+with one :class:`wsss.evaluation.metrics.ConfusionMatrix`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
+from wsss.utils.fileio import atomic_write_text, read_mask
+
+MASK_EXTENSIONS = (".png", ".bmp", ".tif", ".tiff", ".pgm")
+
+
+def index_masks(root: str | Path) -> dict[str, Path]:
+    """Mask files under ``root`` (recursive), keyed by relative POSIX path without extension.
+
+    Raises:
+        FileNotFoundError: ``root`` is not a folder.
+        ValueError: Two files differ only by extension (``a/x.png`` and ``a/x.bmp``).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"not a folder: {root}")
+    found: dict[str, Path] = {}
+    for path in sorted(root.rglob("*")):
+        if path.suffix.lower() not in MASK_EXTENSIONS or path.name.startswith(".") or not path.is_file():
+            continue
+        key = path.relative_to(root).with_suffix("").as_posix()
+        if key in found:
+            raise ValueError(f"two masks for the same name {key!r}: {found[key]} and {path}")
+        found[key] = path
+    return found
+
+
+def _load_pair(key: str, pred_path: Path, gt_path: Path) -> tuple[str, np.ndarray, np.ndarray]:
+    pred, gt = read_mask(pred_path), read_mask(gt_path)
+    if pred.shape != gt.shape:
+        raise ValueError(
+            f"size mismatch for {key!r}: prediction {pred_path} is {pred.shape[1]}x{pred.shape[0]}, "
+            f"ground truth {gt_path} is {gt.shape[1]}x{gt.shape[0]} (width x height)"
+        )
+    return key, pred, gt
+
+
+def iter_mask_pairs(
+    pairs: Iterable[tuple[str, Path, Path]], num_workers: int
+) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """Read ``(key, pred_path, gt_path)`` mask pairs as ``(key, pred, gt)`` (H, W) uint8, in order.
+
+    Decoding runs in ``num_workers`` threads (PNG decoding releases the GIL), at most two pairs per worker
+    ahead of the consumer; 0 decodes in the calling thread.
+
+    Raises:
+        ValueError: A mask is unreadable, or a prediction and its ground truth differ in size (names both).
+    """
+    if num_workers <= 0:
+        yield from (_load_pair(*p) for p in pairs)
+        return
+    pairs = iter(pairs)
+    pool = ThreadPoolExecutor(num_workers, thread_name_prefix="eval-decode")
+    try:
+        pending = deque(pool.submit(_load_pair, *p) for p in islice(pairs, 2 * num_workers))
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(pairs, None)
+            if nxt is not None:
+                pending.append(pool.submit(_load_pair, *nxt))
+            yield result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def evaluate_folders(
+    pred_dir: str | Path,
+    gt_dir: str | Path,
+    num_classes: int,
+    *,
+    class_names: Sequence[str] | None = None,
+    ids: Sequence[str] | None = None,
+    ignore_index: int = 255,
+    reduce_zero_label: bool = False,
+    metrics: Sequence[str] = ("mIoU",),
+    device: str | torch.device = "cpu",
+    num_workers: int = 4,
+    progress: bool = False,
+) -> SegMetrics:
+    """Score a folder of predicted label PNGs against a folder of ground-truth label PNGs.
+
+    Files are matched by their path relative to each folder, without extension (recursive), so
+    ``pred/2007_000033.png`` scores ``gt/2007_000033.png`` and ``pred/a/b.png`` scores ``gt/a/b.bmp``.
+    Every ground-truth mask (or every one named in ``ids``) must have a prediction; extra predictions
+    are not scored.
+
+    Args:
+        pred_dir: Predicted index masks, values 0..C-1 (others count as misses).
+        gt_dir: Ground-truth index masks, values 0..C-1 or ``ignore_index``.
+        num_classes: C.
+        class_names: C names for the result; default ``"0"``..``"C-1"``.
+        ids: Restrict to these names (relative paths without extension), e.g. the lines of ``val.txt``.
+        ignore_index: Ground-truth label that is not scored.
+        reduce_zero_label: See :class:`ConfusionMatrix`.
+        metrics: See :meth:`ConfusionMatrix.compute`.
+        device: Where the confusion matrix is counted.
+        num_workers: Decoding threads (0: decode in the calling thread).
+        progress: Show a tqdm progress bar.
+
+    Raises:
+        ValueError: No ground truth, predictions missing, a size mismatch, or ground-truth labels outside
+            [0, C) that are not ignored (a wrong ``num_classes``); the message names the files.
+    """
+    gts, preds = index_masks(gt_dir), index_masks(pred_dir)
+    if ids is not None:
+        ids = [_strip_mask_suffix(i.strip()) for i in ids if i.strip()]
+        absent = [i for i in ids if i not in gts]
+        if absent:
+            raise ValueError(
+                f"{len(absent)} of {len(ids)} listed ids have no ground truth in {gt_dir}: {_some(absent)}"
+            )
+        gts = {i: gts[i] for i in ids}
+    if not gts:
+        raise ValueError(f"no ground-truth masks ({', '.join(MASK_EXTENSIONS)}) found in {gt_dir}")
+    missing = [k for k in gts if k not in preds]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} of {len(gts)} ground-truth masks have no prediction in {pred_dir}: "
+            f"{_some(missing)} (to score a subset, list its names in ids / tools/eval.py --ids)"
+        )
+
+    cm = ConfusionMatrix(num_classes, ignore_index, reduce_zero_label, device=device)
+    bad_gt: list[str] = []
+    pairs = ((k, preds[k], gts[k]) for k in gts)
+    loaded = iter_mask_pairs(pairs, num_workers)
+    if progress:
+        loaded = tqdm(loaded, total=len(gts), desc="eval", unit="img")
+    for key, pred, gt in loaded:
+        counts = cm.count(pred, gt)
+        if counts[num_classes].any():
+            values = np.unique(gt[~np.isin(gt, [*range(num_classes + reduce_zero_label), ignore_index])])
+            bad_gt.append(f"{gts[key]} (labels {values.tolist()})")
+        cm.merge(counts)
+    if bad_gt:
+        raise ValueError(
+            f"{len(bad_gt)} ground-truth masks have labels outside [0, {num_classes}) other than "
+            f"{ignore_index}; is the number of classes right? {_some(bad_gt)}"
+        )
+    return cm.compute(metrics, class_names=class_names)
+
+
+def _strip_mask_suffix(name: str) -> str:
+    path = Path(name)
+    return path.with_suffix("").as_posix() if path.suffix.lower() in MASK_EXTENSIONS else path.as_posix()
+
+
+def _some(items: Sequence[str], n: int = 5) -> str:
+    head = ", ".join(str(i) for i in items[:n])
+    return head + (f", ... ({len(items) - n} more)" if len(items) > n else "")
+
+
+def save_metrics_json(result: SegMetrics, path: str | Path, **extra: Any) -> None:
+    """Write :meth:`SegMetrics.to_dict` (plus ``extra`` keys) as JSON, atomically. NaN is written as null."""
+    atomic_write_text(path, json.dumps({**result.to_dict(), **extra}, indent=2) + "\n")

@@ -1,0 +1,54 @@
+"""Builders: config dataclasses in, models out (the models themselves take plain keyword arguments).
+
+``wsss.models`` never imports :mod:`wsss.config`; the builders read the config objects' attributes, so any
+object with the fields of :class:`wsss.config.ModelConfig` / :class:`wsss.config.AttentionConfig` works.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from wsss.models.backbone import ViTBackbone, build_backbone
+from wsss.models.segmentor import WSSSModel
+from wsss.models.variants import get_variant
+
+if TYPE_CHECKING:  # annotations only: no import of wsss.config at run time
+    from wsss.config import AttentionConfig, ModelConfig
+
+__all__ = ["attention_args", "build_model", "build_model_backbone"]
+
+
+def attention_args(cfg: AttentionConfig) -> dict[str, Any]:
+    """:func:`~wsss.models.backbone.build_backbone`'s ``attention``, ``attention_blocks`` and
+    ``attention_kwargs`` (the fields the variant declares in ``config_fields``) from an attention config."""
+    return {
+        "attention": cfg.name,
+        "attention_blocks": cfg.blocks,
+        "attention_kwargs": {field: getattr(cfg, field) for field in get_variant(cfg.name).config_fields},
+    }
+
+
+def build_model_backbone(cfg: ModelConfig) -> ViTBackbone:
+    """The backbone that ``cfg`` describes; with ``cfg.freeze_pos_embed`` its position embedding does not train."""
+    backbone = build_backbone(
+        cfg.backbone,
+        pretrained=cfg.pretrained,
+        drop_path_rate=cfg.drop_path_rate,
+        backbone_kwargs=cfg.backbone_kwargs,
+        **attention_args(cfg.attention),
+    )
+    if cfg.freeze_pos_embed and backbone.vit.pos_embed is not None:
+        backbone.vit.pos_embed.requires_grad_(False)
+    return backbone
+
+
+def build_model(cfg: ModelConfig, num_classes: int) -> WSSSModel:
+    """The model that ``cfg`` describes, for ``num_classes`` classes (background included)."""
+    return WSSSModel(
+        build_model_backbone(cfg),
+        num_classes,
+        aux_layer=cfg.aux_layer,
+        decoder_channels=cfg.decoder_channels,
+        decoder_dilation=cfg.decoder_dilation,
+        kaiming_init=cfg.head_init == "kaiming",
+    )

@@ -1,0 +1,117 @@
+"""Test-time augmentation: multi-scale + flip segmentation logits, classifier logits and CAMs of a batch.
+
+DESIGN.md section 3, "inference" (docs/design.md): per scale ``s`` the image is resized to
+``(int(s * H), int(s * W))`` (bilinear, ``align_corners=False``, the rule of :func:`wsss.cam.multiscale_cam`),
+run batched with its horizontal flip, the stride-16 logits are brought to the scaled image's extent with
+:func:`~wsss.models.segmentor.maps_to_pixels` (exact patch alignment, padding cropped), resized to ``(H, W)``,
+the flipped half un-flipped, and the two summed; the result is the elementwise max over scales.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from wsss.cam import normalize_cams
+from wsss.models.segmentor import maps_to_pixels
+
+__all__ = ["TTAOutput", "predict_logits", "predicted_classes", "tta_forward"]
+
+
+@dataclass
+class TTAOutput:
+    """What :func:`tta_forward` returns for a batch of B images of size (H, W).
+
+    Attributes:
+        seg: (B, C, H, W) segmentation logits, summed over the flip, max over scales.
+        cls_logits: (B, C-1) classifier logits, averaged over every scale and flip pass.
+        cam: (B, C-1, H, W) CAMs in [0, 1] of every foreground class (ReLU of the max over the flip, summed
+            over scales, min-max normalised per plane as :func:`wsss.cam.multiscale_cam`, but at the
+            inference scales and not zeroed for absent classes), or None unless requested.
+    """
+
+    seg: Tensor
+    cls_logits: Tensor
+    cam: Tensor | None = None
+
+
+def _scaled_size(scale: float, size: Sequence[int]) -> tuple[int, int]:
+    return max(1, int(scale * size[0])), max(1, int(scale * size[1]))
+
+
+@torch.no_grad()
+def tta_forward(
+    model: torch.nn.Module,
+    images: Tensor,
+    scales: Sequence[float],
+    flip: bool,
+    cams: bool = False,
+) -> TTAOutput:
+    """Multi-scale (and flipped) segmentation logits of a batch of same-size images, in one pass per scale.
+
+    Args:
+        model: A :class:`~wsss.models.segmentor.WSSSModel` (anything whose ``forward`` returns ``seg`` at
+            ``model.stride``, ``logits`` and, for ``cams``, ``features`` for ``model.classifier.cam``), in
+            eval mode.
+        images: (B, 3, H, W) normalised images.
+        scales: Image scales; the size at scale ``s`` is ``(int(s * H), int(s * W))``.
+        flip: Also run every scale's horizontal flip (batched with it) and sum the un-flipped logits.
+        cams: Also compute the CAMs from the same passes.
+
+    Returns:
+        :class:`TTAOutput`, float32 on the images' device.
+    """
+    if not scales:
+        raise ValueError("tta_forward needs at least one scale")
+    b, _, h, w = images.shape
+    seg_max = cam_sum = None
+    cls_sum = 0.0
+    passes = 0
+    for s in scales:
+        size = _scaled_size(s, (h, w))
+        x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+        if flip:
+            x = torch.cat([x, x.flip(-1)], dim=0)
+        out = model(x)
+        seg = maps_to_pixels(out.seg.float(), size, model.stride, (h, w))
+        if flip:
+            seg = seg[:b] + seg[b:].flip(-1)
+        seg_max = seg if seg_max is None else torch.maximum(seg_max, seg)
+        logits = out.logits.float()
+        cls_sum = cls_sum + (logits[:b] + logits[b:] if flip else logits)
+        passes += 2 if flip else 1
+        if cams:
+            cam = maps_to_pixels(model.classifier.cam(out.features).float(), size, model.stride, (h, w))
+            if flip:
+                cam = torch.maximum(cam[:b], cam[b:].flip(-1))
+            cam = F.relu(cam)
+            cam_sum = cam if cam_sum is None else cam_sum + cam
+    if cam_sum is not None:
+        cam_sum = normalize_cams(cam_sum)
+    return TTAOutput(seg=seg_max, cls_logits=cls_sum / passes, cam=cam_sum)
+
+
+def predict_logits(
+    model: torch.nn.Module, image: Tensor, scales: Sequence[float], flip: bool
+) -> Tensor:
+    """TTA segmentation logits: (B, 3, H, W) normalised images (B = 1 usually) -> (B, C, H, W) float32.
+
+    Per scale: resize, run batched with the flip, un-flip, sum over the flip, resize to (H, W); then the
+    max over scales. See :func:`tta_forward`.
+    """
+    return tta_forward(model, image, scales, flip).seg
+
+
+def predicted_classes(cls_logits: Tensor, threshold: float) -> tuple[Tensor, bool]:
+    """(C-1,) classifier logits -> (bool mask of the foreground classes to show, whether it is the top-1
+    fallback because no class passes ``sigmoid > threshold``)."""
+    present = cls_logits.sigmoid() > threshold
+    if present.any():
+        return present, False
+    top = torch.zeros_like(present)
+    top[cls_logits.argmax()] = True
+    return top, True
