@@ -17,28 +17,11 @@ from tools import infer as infer_cli
 from wsss.data.labels import labels_from_masks, save_labels
 from wsss.data.toy import TOY_CLASSES, make_toy_voc
 from wsss.engine.train import train
-from wsss.inference.runner import InferenceOptions, SizeBuckets, run_inference
+from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.inference.sources import list_split
 from wsss.utils.fileio import read_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def test_size_buckets():
-    b = SizeBuckets(batch_size=2, window=2)  # at most 4 waiting
-    assert b.add("a", (1, 1)) == []
-    assert b.add("b", (2, 2)) == []
-    assert b.add("c", (1, 1)) == [["a", "c"]]
-    assert b.add("d", (3, 3)) == []
-    assert b.add("e", (4, 4)) == []
-    assert b.add("f", (5, 5)) == []  # four waiting: b, d, e, f
-    assert b.add("g", (6, 6)) == [["b"]]  # five: the oldest bucket goes
-    assert b.flush() == [["d"], ["e"], ["f"], ["g"]]
-    assert b.flush() == []
-    one = SizeBuckets(batch_size=1)
-    assert one.add("x", (1, 1)) == [["x"]]
-    with pytest.raises(ValueError):
-        SizeBuckets(0)
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,9 @@ path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages`` (a VOC r
 ``<rel>`` is the input's relative path with its extension replaced. Every file is written atomically.
 An image whose requested outputs all exist is skipped (not even decoded) unless ``overwrite``.
 
-Batching: images of different sizes cannot share a batch without padding, and padding changes a ViT's
-output (the zeros take part in attention), so a batch holds only images of one size. Decoded images wait
-in per-size buckets; a bucket runs when it holds ``batch_size`` images, or, when more than
-``4 * batch_size`` images wait, the bucket holding the oldest one runs (bounded memory, every image
-eventually runs). Each scale of a batch of ``n`` images is one forward pass of ``2n`` (with flip). Results
-are identical to ``batch_size=1`` up to float rounding.
+Batching (:mod:`wsss.inference.batching`): a batch holds images of one size. Each scale of a batch of
+``n`` images is one forward pass of ``2n`` (with flip). Results are identical to ``batch_size=1`` up to
+float rounding.
 
 Dense CRF (``crf=True``): softmax of the TTA logits, then :func:`wsss.inference.crf.crf_labels` in a pool of
 ``CrfConfig.workers`` processes; a job is submitted as soon as an image's logits exist and its mask is
@@ -53,25 +50,24 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped
 from wsss.data.transforms import normalize
 from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
+from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
 from wsss.inference.gallery import write_gallery
 from wsss.inference.sources import Source, inside, list_folder, list_split, output_paths
 from wsss.inference.visualize import cam_overlay, mask_overlay
 from wsss.models.tta import predicted_classes, tta_forward
-from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, read_image, save_image, save_mask
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
 
 THUMB_SIZE = 256
-BUCKET_WINDOW = 4
-"""At most ``BUCKET_WINDOW * batch_size`` decoded images wait for a same-size batch."""
 
-__all__ = ["InferenceOptions", "InferenceSummary", "SizeBuckets", "default_output", "downscale_logits", "run_inference"]
+__all__ = ["InferenceOptions", "InferenceSummary", "LoopSetup", "default_output", "downscale_logits", "run_inference"]
 
 
 def downscale_logits(seg: Tensor, factor: int) -> np.ndarray:
@@ -79,68 +75,6 @@ def downscale_logits(seg: Tensor, factor: int) -> np.ndarray:
     size = (math.ceil(seg.shape[-2] / factor), math.ceil(seg.shape[-1] / factor))
     small = F.interpolate(seg[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)
     return small[0].to(torch.float16).cpu().numpy()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Batching
-
-
-class SizeBuckets:
-    """Group items by image size into batches of at most ``batch_size`` (see the module docstring).
-
-    Args:
-        batch_size: Images per batch.
-        window: At most ``window * batch_size`` items wait; beyond that the oldest bucket is released.
-    """
-
-    def __init__(self, batch_size: int, window: int = BUCKET_WINDOW) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch size must be >= 1, got {batch_size}")
-        self.batch_size = batch_size
-        self.max_held = max(1, window * batch_size)
-        self._buckets: dict[tuple[int, ...], list[Any]] = {}
-        self._held = 0
-
-    def add(self, item: Any, size: tuple[int, ...]) -> list[list[Any]]:
-        """Add ``item`` of ``size``; return the batches that are ready now (oldest first)."""
-        ready = []
-        bucket = self._buckets.setdefault(size, [])
-        bucket.append(item)
-        self._held += 1
-        if len(bucket) == self.batch_size:
-            ready.append(self._pop(size))
-        while self._held > self.max_held:
-            ready.append(self._pop(next(iter(self._buckets))))
-        return ready
-
-    def flush(self) -> list[list[Any]]:
-        """Every waiting batch, the one holding the oldest item first."""
-        return [self._pop(size) for size in list(self._buckets)]
-
-    def _pop(self, size: tuple[int, ...]) -> list[Any]:
-        batch = self._buckets.pop(size)
-        self._held -= len(batch)
-        return batch
-
-
-class _ImageList(Dataset):
-    """Decodes sources; a corrupt file yields ``image=None`` and the reason."""
-
-    def __init__(self, sources: Sequence[Source]) -> None:
-        self.sources = sources
-
-    def __len__(self) -> int:
-        return len(self.sources)
-
-    def __getitem__(self, index: int) -> dict:
-        try:
-            return {"index": index, "image": read_image(self.sources[index].path), "error": None}
-        except ValueError as err:
-            return {"index": index, "image": None, "error": str(err).split(": ", 1)[-1]}
-
-
-def _identity(item: dict) -> dict:
-    return item
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -436,10 +370,10 @@ class _InferenceLoop:
 
     def run(self, todo: list[tuple[Source, dict[str, Path]]]) -> None:
         loader = DataLoader(
-            _ImageList([src for src, _ in todo]),
+            ImageList([src for src, _ in todo]),
             batch_size=None,
             num_workers=self.setup.num_workers if len(todo) > 1 else 0,
-            collate_fn=_identity,
+            collate_fn=identity,
         )
         buckets = SizeBuckets(self.setup.batch_size)
         self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.setup.progress)

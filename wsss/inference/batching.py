@@ -1,0 +1,81 @@
+"""Batching for inference: decoded images grouped by size, and the dataset that decodes them.
+
+Images of different sizes cannot share a batch without padding, and padding changes a ViT's output (the
+zeros take part in attention), so a batch holds only images of one size. Decoded images wait in per-size
+buckets; a bucket runs when it holds ``batch_size`` images, or, when more than ``BUCKET_WINDOW *
+batch_size`` images wait, the bucket holding the oldest one runs (bounded memory, every image eventually
+runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from wsss.inference.sources import Source
+from wsss.utils.fileio import read_image
+
+BUCKET_WINDOW = 4
+"""At most ``BUCKET_WINDOW * batch_size`` decoded images wait for a same-size batch."""
+
+__all__ = ["BUCKET_WINDOW", "ImageList", "SizeBuckets", "identity"]
+
+
+class SizeBuckets:
+    """Group items by image size into batches of at most ``batch_size`` (see the module docstring).
+
+    Args:
+        batch_size: Images per batch.
+        window: At most ``window * batch_size`` items wait; beyond that the oldest bucket is released.
+    """
+
+    def __init__(self, batch_size: int, window: int = BUCKET_WINDOW) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.max_held = max(1, window * batch_size)
+        self._buckets: dict[tuple[int, ...], list[Any]] = {}
+        self._held = 0
+
+    def add(self, item: Any, size: tuple[int, ...]) -> list[list[Any]]:
+        """Add ``item`` of ``size``; return the batches that are ready now (oldest first)."""
+        ready = []
+        bucket = self._buckets.setdefault(size, [])
+        bucket.append(item)
+        self._held += 1
+        if len(bucket) == self.batch_size:
+            ready.append(self._pop(size))
+        while self._held > self.max_held:
+            ready.append(self._pop(next(iter(self._buckets))))
+        return ready
+
+    def flush(self) -> list[list[Any]]:
+        """Every waiting batch, the one holding the oldest item first."""
+        return [self._pop(size) for size in list(self._buckets)]
+
+    def _pop(self, size: tuple[int, ...]) -> list[Any]:
+        batch = self._buckets.pop(size)
+        self._held -= len(batch)
+        return batch
+
+
+class ImageList(Dataset):
+    """Decodes sources; a corrupt file yields ``image=None`` and the reason."""
+
+    def __init__(self, sources: Sequence[Source]) -> None:
+        self.sources = sources
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int) -> dict:
+        try:
+            return {"index": index, "image": read_image(self.sources[index].path), "error": None}
+        except ValueError as err:
+            return {"index": index, "image": None, "error": str(err).split(": ", 1)[-1]}
+
+
+def identity(item: dict) -> dict:
+    return item
