@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TOY := data/toy_voc
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint clean-venv
+.PHONY: install demo test lint bench-gpu clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(STAMP)
 	$(PY) tools/make_toy_voc.py $(TOY)
 	$(PY) tools/make_cls_labels.py $(TOY) --classes $(TOY)/classes.txt --mask-dir SegmentationClass
 	$(PY) tools/train.py configs/toy_centered.py
+
+# The training step, inference and the evaluator at the paper setting on a GPU (docs/benchmarks.md).
+bench-gpu: $(STAMP)
+	$(PY) bench/bench_train.py --device cuda
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,6 +1,8 @@
 """Forward+backward time and peak memory of the dense energy loss (``wsss.losses.DenseEnergyLoss``).
 
-Two measurements in one process:
+Two measurements in one process, of the blocked version (``kernel="blocked"``) and, on CUDA, of the fused
+Triton kernel (``kernel="fused"``, :mod:`wsss.energy_kernel`; skipped on a CPU, where it only runs in Triton's
+interpreter):
 
 1. The training setting: batch ``--batch`` of ``--size`` crops, ``--classes`` channels, evaluated at
    ``--scale`` (448 at 0.5: 224x224 = 50,176 pixels per image, 2.5e9 kernel entries per image), with
@@ -98,7 +100,6 @@ def brute_force_loss(
     return loss.weight * value, loss.weight * surrogate
 
 
-
 def measure(step: Callable[[], None], device: torch.device, repeats: int, warmup: int) -> tuple[list[float], int]:
     """Step times (s) and the peak memory (bytes) of the first timed step."""
     for _ in range(warmup):
@@ -155,24 +156,39 @@ def agreement(inputs: dict[str, torch.Tensor], loss: DenseEnergyLoss) -> tuple[f
     return value_err, grad_err
 
 
+def make_loss(scale: float, block_size: int | None, kernel: str) -> DenseEnergyLoss:
+    """The configured loss at ``scale`` with the given ``W S`` implementation."""
+    loss_cfg = dataclasses.replace(LossConfig(), reg_scale=scale, reg_kernel=kernel)
+    loss = DenseEnergyLoss.from_config(loss_cfg, DataConfig().ignore_index)
+    loss.block_size = block_size
+    return loss
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    loss_cfg = dataclasses.replace(LossConfig(), reg_scale=args.scale)
-    loss = DenseEnergyLoss.from_config(loss_cfg, DataConfig().ignore_index)
-    loss.block_size = args.block_size
+    loss = make_loss(args.scale, args.block_size, "blocked")
+    fused = make_loss(args.scale, None, "fused") if device.type == "cuda" else None
+    if fused is None:
+        print("fused Triton kernel: skipped (CUDA only; a CPU runs it only in Triton's interpreter)", file=sys.stderr)
+    small_repeats, small_warmup = max(args.repeats, 3), max(args.warmup, 1)
 
     print(f"training setting: batch {args.batch}, {args.size}x{args.size}", file=sys.stderr)
     full = make_inputs(args.batch, args.size, args.classes, device)
     t_full, m_full = measure(ours_step(full, loss), device, args.repeats, args.warmup)
+    if fused is not None:  # at least one warm-up step: the first call compiles the kernel
+        t_fused_full, m_fused_full = measure(ours_step(full, fused), device, args.repeats, max(args.warmup, 1))
 
     print(f"comparison: batch {args.batch}, {args.compare_size}x{args.compare_size}", file=sys.stderr)
     small = make_inputs(args.batch, args.compare_size, args.classes, device)
     value_err, grad_err = agreement(small, loss)
-    t_ours, m_ours = measure(ours_step(small, loss), device, max(args.repeats, 3), max(args.warmup, 1))
-    t_brute, m_brute = measure(brute_step(small, loss), device, max(args.repeats, 3), max(args.warmup, 1))
+    t_ours, m_ours = measure(ours_step(small, loss), device, small_repeats, small_warmup)
+    t_brute, m_brute = measure(brute_step(small, loss), device, small_repeats, small_warmup)
+    if fused is not None:
+        fused_value_err, fused_grad_err = agreement(small, fused)
+        t_fused, m_fused = measure(ours_step(small, fused), device, small_repeats, small_warmup)
 
     command = "python bench/bench_energy_loss.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     n_full = int(args.size * args.scale) ** 2
@@ -188,11 +204,23 @@ def main(argv: list[str] | None = None) -> int:
     t_o, t_b = statistics.median(t_ours), statistics.median(t_brute)
     print(f"| {args.compare_size} | {n_small} | blocked exact (ours) | {t_o:.3f} | {m_ours / 2**20:.0f} |")
     print(f"| {args.compare_size} | {n_small} | brute-force N x N | {t_b:.3f} | {m_brute / 2**20:.0f} |")
+    if fused is not None:
+        t_ff, t_f = statistics.median(t_fused_full), statistics.median(t_fused)
+        print(f"| {args.size} | {n_full} | fused Triton kernel (ours) | {t_ff:.3f} | {m_fused_full / 2**20:.0f} |")
+        print(f"| {args.compare_size} | {n_small} | fused Triton kernel (ours) | {t_f:.3f} | {m_fused / 2**20:.0f} |")
     print(
         f"\nAt {args.compare_size}: time ours / brute force = {t_o / t_b:.3f}, memory ours / brute force = "
         f"{m_ours / max(m_brute, 1):.3f}; max relative difference: loss {value_err:.2e}, "
         f"gradient {grad_err:.2e}"
     )
+    if fused is None:
+        print("\nFused Triton kernel: not timed (CUDA only).")
+    else:
+        print(
+            f"\nFused / blocked time: {t_ff / statistics.median(t_full):.3f} at {args.size}, {t_f / t_o:.3f} at "
+            f"{args.compare_size}; fused vs brute force at {args.compare_size}, max relative difference: loss "
+            f"{fused_value_err:.2e}, gradient {fused_grad_err:.2e}"
+        )
     return 0
 
 

@@ -1,16 +1,27 @@
-"""Training-step speed and memory at the paper setting, broken down by stage.
+"""One command that measures the training step and the inference path at the paper setting.
 
-DeiT-S/16 with centered attention, batch 4, 448 crops, 3-scale + flip CAM, dual-threshold PAR pseudo labels,
-balanced CE and the dense energy loss: the real :class:`wsss.engine.step.TrainingStep` on random crops, then each of
-its stages timed alone with the same inputs.
+    python bench/bench_train.py --device cuda        # or: make bench-gpu
 
-    python bench/bench_train.py [--device cpu|cuda] [--batch 4] [--size 448] [--repeats 3] [--threads N]
+1. ``--steps`` real training iterations (:func:`wsss.engine.train.iteration`: the step, the device-side non-finite
+   guard, fused AdamW, the schedule) on random crops at the paper setting: DeiT-S/16 with centered attention
+   (``--config``), batch 4, 448 crops, 3-scale + flip CAM, PAR pseudo labels, balanced CE, dense energy; it/s.
+2. Each stage alone, with the same inputs: forward + backward, the CAM pass, PAR pseudo labels, seg CE, the energy
+   loss (blocked, and on CUDA also the fused Triton kernel), the optimiser step.
+3. Peak memory (CUDA allocated; the process's peak RSS on a CPU).
+4. Inference: ``infer.scales`` + flip on ``--images`` random 500 x 375 images, and the confusion-matrix evaluator
+   on the same device.
+
+Exits 1 if any loss, gradient, logit or count is non-finite or wrong. On a CPU the defaults shrink (crop 112,
+2 steps, 2 images; the fused kernel is skipped, it runs there only in Triton's interpreter) so the command ends
+in minutes; every size can still be given.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
+import sys
 import time
 
 import torch
@@ -19,11 +30,39 @@ from _common import rss_bytes, synchronize
 
 from wsss.cam import multiscale_cam
 from wsss.config import load_config
-from wsss.data.transforms import backbone_mean_std, denormalize
+from wsss.data.transforms import backbone_mean_std
+from wsss.engine.optim import NonFiniteGuard, NonFiniteLossError, build_optimizer
+from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
-from wsss.losses import balanced_seg_ce, multilabel_soft_margin
+from wsss.engine.train import LossMeter, iteration, to_device
+from wsss.evaluation.metrics import ConfusionMatrix
+from wsss.losses import DenseEnergyLoss, balanced_seg_ce
 from wsss.models import build_model
+from wsss.models.tta import tta_forward
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
+
+PAPER = {"batch": 4, "size": 448, "steps": 50, "images": 16}
+CPU = {"batch": 2, "size": 112, "steps": 2, "images": 2}
+IMAGE_SIZE = (375, 500)  # a typical VOC photo
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/voc_centered.py")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, help=f"crops per step (paper {PAPER['batch']}; CPU {CPU['batch']})")
+    parser.add_argument("--size", type=int, help=f"crop edge (paper {PAPER['size']}; CPU {CPU['size']})")
+    parser.add_argument("--steps", type=int, help=f"timed iterations (default {PAPER['steps']}; CPU {CPU['steps']})")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first (compilation, autotuning)")
+    parser.add_argument("--repeats", type=int, default=5, help="timings per stage (the median is printed)")
+    parser.add_argument("--images", type=int, help=f"inference images (default {PAPER['images']}; CPU {CPU['images']})")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    defaults = PAPER if torch.device(args.device).type == "cuda" else CPU
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:
@@ -39,94 +78,160 @@ def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def peak_memory_mib(device: torch.device) -> float:
+def peak_memory(device: torch.device) -> str:
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return rss_bytes("VmHWM") / 2**20  # the process's peak resident memory
+        return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (CUDA, allocated)"
+    return f"{rss_bytes('VmHWM') / 2**30:.2f} GiB (process peak RSS)"
+
+
+def random_batch(b: int, s: int, num_fg: int, device: torch.device) -> dict:
+    """Random crops, 1-3 classes each, half of them with a valid box smaller than the crop (padding)."""
+    g = torch.Generator().manual_seed(0)
+    label = torch.zeros(b, num_fg)
+    for i in range(b):
+        label[i, torch.randperm(num_fg, generator=g)[: 1 + i % 3]] = 1.0
+    box = torch.tensor([[0, s, 0, s] if i % 2 == 0 else [s // 8, s, 0, s - s // 5] for i in range(b)])
+    return to_device({"image": torch.randn(b, 3, s, s, generator=g), "label": label, "box": box}, device)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/voc_centered.py")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--size", type=int, default=448)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, help="torch CPU threads")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     opts = {"model.pretrained": "", "train.batch_size": args.batch, "data.crop_size": args.size}
     cfg = load_config(args.config, opts)
     mean, std = backbone_mean_std(cfg.model.backbone)
-    num_classes = len(cfg.data.classes) if isinstance(cfg.data.classes, list) else 21
+    num_classes = len(cfg.data.classes)
     torch.manual_seed(0)
     model = build_model(cfg.model, num_classes).to(device).train()
+    optimizer = build_optimizer(model, cfg.optim)
     o = cfg.optim
-    optimizer = torch.optim.AdamW(model.param_groups(o.lr, o.head_lr_mult, o.weight_decay, o.no_decay_1d))
-    b, s = args.batch, args.size
-    batch = {
-        "image": torch.randn(b, 3, s, s, device=device),
-        "label": (torch.rand(b, num_classes - 1, device=device) < 0.15).float(),
-        "box": torch.tensor([[0, s, 0, s]] * b, device=device),
-    }
-    batch["label"][:, 0] = 1.0  # at least one class per image
+    scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
+    guard, meter = NonFiniteGuard(optimizer), LossMeter()
     step = TrainingStep(cfg, mean, std, device)
-    amp = step.amp
+    b, s = args.batch, args.size
+    batch = random_batch(b, s, num_classes - 1, device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(
+        f"{cfg.model.backbone} / {cfg.model.attention.name}, batch {b}, {s}x{s}, CAM scales {cfg.cam.scales} + flip, "
+        f"PAR {cfg.par.num_iter} it, energy kernel {cfg.loss.reg_kernel!r}, bf16 autocast {step.amp}; {name}"
+    )
 
-    def full_step() -> None:
-        loss, _ = step(model, model, batch, cfg.loss.seg_start_iter)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    # 1. the real loop body; every term is on from loss.seg_start_iter
+    first = cfg.loss.seg_start_iter
+    for it in range(first, first + args.warmup):
+        iteration(model, model, step, batch, it, optimizer, scheduler, guard, meter)
+    synchronize(device)
+    tic = time.perf_counter()
+    for it in range(first + args.warmup, first + args.warmup + args.steps):
+        iteration(model, model, step, batch, it, optimizer, scheduler, guard, meter)
+    synchronize(device)
+    per_step = (time.perf_counter() - tic) / args.steps
+    try:
+        guard.raise_if_tripped(None)
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    losses = meter.pop()
+
+    # 2. the stages alone
+    rows: dict[str, float] = {}
 
     def forward_backward() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            out = model(batch["image"])
-        loss = multilabel_soft_margin(out.logits.float(), batch["label"])
-        loss = loss + multilabel_soft_margin(out.aux_logits.float(), batch["label"]) + out.seg.float().mean()
+        loss, _ = step(model, model, batch, 0)  # before seg_start_iter: cls + aux, decoder kept in the graph
         loss.backward()
 
+    rows["forward + backward (cls, aux; decoder in the graph)"], _ = timed(forward_backward, args.repeats, device)
+    finite_loss = torch.zeros((), device=device)
+
+    def update() -> None:  # on the gradients of the last forward_backward
+        guard.update(finite_loss, first)
+        optimizer.step()
+
+    rows["optimiser (non-finite guard + fused AdamW)"], _ = timed(update, args.repeats, device)
+
     def cam() -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=step.cam_autocast):
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=step.cam_autocast):
             return multiscale_cam(model.cam, batch["image"], batch["label"], cfg.cam.scales)
 
-    rows = {}
-    rows["full step (TrainingStep + backward + AdamW)"], _ = timed(full_step, args.repeats, device)
-    rows["forward + backward (cls, aux, decoder)"], _ = timed(forward_backward, args.repeats, device)
-    rows[f"CAM ({len(cfg.cam.scales)} scales + flip, no grad)"], cams = timed(cam, args.repeats, device)
-    rgb = denormalize(batch["image"], mean, std)
+    rows[f"CAM pass ({len(cfg.cam.scales)} scales + flip, no grad)"], cams = timed(cam, args.repeats, device)
+    targets = step.targets(model, batch)
     valid = boxes_to_mask(batch["box"], s, s)
 
     def pseudo() -> torch.Tensor:
         return pseudo_labels(
-            rgb, cams, batch["label"], valid, step.par, cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale,
-            cfg.data.ignore_index,
+            targets.rgb, cams, batch["label"], valid, step.par, cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale,
+            cfg.data.ignore_index, batch["max_present"],
         )  # fmt: skip
 
-    rows[f"pseudo labels (PAR, {cfg.par.num_iter} iterations)"], target = timed(pseudo, args.repeats, device)
+    rows[f"PAR pseudo labels ({cfg.par.num_iter} iterations, 2 thresholds)"], _ = timed(pseudo, args.repeats, device)
     seg = torch.randn(b, num_classes, s // 16, s // 16, device=device, requires_grad=True)
 
     def seg_loss() -> None:
         up = F.interpolate(seg, size=(s, s), mode="bilinear", align_corners=False)
-        balanced_seg_ce(up, target, cfg.data.ignore_index).backward()
-
-    def energy() -> None:
-        up = F.interpolate(seg, size=(s, s), mode="bilinear", align_corners=False)
-        step.energy(rgb * 255.0, up.softmax(dim=1), valid, target).backward()
+        balanced_seg_ce(up, targets.label, cfg.data.ignore_index).backward()
 
     rows["seg CE forward + backward"], _ = timed(seg_loss, args.repeats, device)
-    rows[f"energy loss forward + backward (scale {cfg.loss.reg_scale})"], _ = timed(energy, args.repeats, device)
-    total = rows["full step (TrainingStep + backward + AdamW)"]
-    print(f"{cfg.model.backbone} / {cfg.model.attention.name}, batch {b}, {s}x{s}, device {device}, "
-          f"threads {torch.get_num_threads()}, bf16 autocast {amp}")  # fmt: skip
-    print("| stage | seconds | share of full step |")
+    kernels = ("blocked", "fused") if device.type == "cuda" else ("blocked",)
+    for kernel in kernels:
+        energy = DenseEnergyLoss.from_config(dataclasses.replace(cfg.loss, reg_kernel=kernel), cfg.data.ignore_index)
+
+        def energy_loss(energy=energy) -> torch.Tensor:
+            up = F.interpolate(seg, size=(s, s), mode="bilinear", align_corners=False)
+            value = energy(targets.rgb * 255.0, up.softmax(dim=1), targets.valid, targets.label)
+            value.backward()
+            return value.detach()
+
+        rows[f"energy loss, {kernel} (scale {cfg.loss.reg_scale}, forward + backward)"], value = timed(
+            energy_loss, args.repeats, device
+        )
+        losses[f"energy ({kernel})"] = float(value)
+
+    # 3. inference and the evaluator
+    model.eval()
+    images = torch.randn(args.images, 3, *IMAGE_SIZE, device=device)
+    gts = torch.randint(0, num_classes, (args.images, *IMAGE_SIZE), device=device)
+    synchronize(device)
+    tic = time.perf_counter()
+    preds, finite_logits = [], torch.ones((), dtype=torch.bool, device=device)
+    for image in images:
+        out = tta_forward(model, image[None], cfg.infer.scales, cfg.infer.flip)
+        preds.append(out.seg.argmax(dim=1)[0])
+        finite_logits &= torch.isfinite(out.seg).all()
+    synchronize(device)
+    infer_s = (time.perf_counter() - tic) / args.images
+
+    def evaluate() -> ConfusionMatrix:
+        cm = ConfusionMatrix(num_classes, cfg.data.ignore_index, device=device)
+        for pred, gt in zip(preds, gts, strict=True):
+            cm.update(pred, gt)
+        return cm
+
+    eval_s, cm = timed(evaluate, args.repeats, device)
+
+    print("\n| stage | ms | share of one iteration |")
     print("|---|---:|---:|")
-    for name, sec in rows.items():
-        print(f"| {name} | {sec:.3f} | {sec / total:.0%} |")
-    print(f"iterations/s: {1 / total:.3f}; 80k iterations: {80000 * total / 3600:.1f} h")
-    print(f"peak memory: {peak_memory_mib(device):.0f} MiB ({'CUDA allocated' if device.type == 'cuda' else 'RSS'})")
+    print(f"| one training iteration ({args.steps} timed after {args.warmup}) | {per_step * 1e3:.1f} | 100% |")
+    for stage, sec in rows.items():
+        print(f"| {stage} | {sec * 1e3:.1f} | {sec / per_step:.0%} |")
+    print(f"| inference, {len(cfg.infer.scales)} scales + flip, {IMAGE_SIZE[1]}x{IMAGE_SIZE[0]}, per image | "
+          f"{infer_s * 1e3:.1f} | |")  # fmt: skip
+    print(f"| evaluator, {args.images} masks on {device.type} | {eval_s * 1e3:.1f} | |")
+    print(f"\niterations/s: {1 / per_step:.2f} (goal on one H100: 22); 80k iterations: {80000 * per_step / 3600:.2f} h")
+    if device.type == "cuda" and len(kernels) == 2:
+        blocked, fused = (rows[k] for k in rows if k.startswith("energy loss"))
+        print(f"energy loss fused / blocked time: {fused / blocked:.3f} ({fused * 1e3:.1f} ms, goal <= 5 ms)")
+    print(f"peak memory: {peak_memory(device)}")
+    print("losses: " + ", ".join(f"{k} {v:.4g}" for k, v in losses.items()))
+    problems = [k for k, v in losses.items() if not torch.isfinite(torch.tensor(v))]
+    if not bool(finite_logits):
+        problems.append("inference logits")
+    if int(cm.matrix.sum()) + cm.num_ignored + cm.num_out_of_range != gts.numel():
+        problems.append("evaluator pixel count")
+    if problems:
+        print(f"error: non-finite or wrong: {', '.join(problems)}", file=sys.stderr)
+        return 1
     return 0
 
 

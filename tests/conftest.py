@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from wsss.config import Config, from_dict
-from wsss.data.classes import voc_palette
-from wsss.data.labels import labels_from_masks, save_labels
-from wsss.utils.fileio import save_image, save_mask
+# Triton decides when ``@triton.jit`` runs (the first import of wsss.energy_kernel) whether to compile a kernel or
+# to run it in its CPU interpreter. Without a GPU, interpret, so that tests/test_energy_kernel.py runs the fused kernel
+# on CPU tensors; with a GPU the tests run the compiled kernel. Set before any wsss import, here because conftest is
+# imported before every test module (a subprocess per test would pay a torch import each).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from wsss.config import Config, from_dict  # noqa: E402
+from wsss.data.classes import voc_palette  # noqa: E402
+from wsss.data.labels import labels_from_masks, save_labels  # noqa: E402
+from wsss.utils.fileio import save_image, save_mask  # noqa: E402
 
 TINY_CLASSES = ["background", "cat", "dog"]
 

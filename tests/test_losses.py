@@ -126,7 +126,7 @@ def test_dense_energy_ungated_value_and_gradient():
     feats = bilateral_features(images, sigma_rgb=15.0, sigma_xy=8.0)
     logits = torch.randn(2, 3, 16, 12, requires_grad=True)
     probs = logits.softmax(1)
-    energy = dense_energy(probs, feats, block_size=50)
+    energy = dense_energy(probs, feats, "blocked", block_size=50)
     (grad,) = torch.autograd.grad(energy, logits)
 
     logits_ref = logits.detach().clone().requires_grad_(True)
@@ -146,7 +146,7 @@ def test_dense_energy_gated_roi_value_and_toco_gradient():
     roi[0, :, 9:] = False
     roi[1, 12:] = False
     gate = torch.rand(2, 16, 12) * roi
-    energy = dense_energy(probs, feats, roi, gate, block_size=33)
+    energy = dense_energy(probs, feats, "blocked", roi, gate, block_size=33)
     (grad,) = torch.autograd.grad(energy, probs)
 
     probs_ref = probs.detach().clone().requires_grad_(True)
@@ -187,7 +187,8 @@ def test_dense_energy_loss_matches_toco_pipeline(sigma_xy):
     label = torch.randint(0, c, (b, h, w))
     label[torch.rand(b, h, w) > 0.6] = 255
     loss_fn = DenseEnergyLoss(
-        weight=1e-3, sigma_rgb=15.0, sigma_xy=sigma_xy, scale_factor=0.5, ignore_index=255, block_size=40
+        weight=1e-3, sigma_rgb=15.0, sigma_xy=sigma_xy, scale_factor=0.5, ignore_index=255, kernel="blocked",
+        block_size=40,
     )
     loss = loss_fn(images, logits.softmax(1), valid, label)
     (grad,) = torch.autograd.grad(loss, logits)
@@ -210,4 +211,4 @@ def test_dense_energy_prefers_piecewise_constant_segmentation():
     noisy = consistent.clone()
     noisy[:, :, ::2] = noisy[:, :, ::2].flip(1)
     feats = bilateral_features(images, 15.0, 50.0)
-    assert dense_energy(consistent, feats) < dense_energy(noisy, feats)
+    assert dense_energy(consistent, feats, "blocked") < dense_energy(noisy, feats, "blocked")

@@ -36,12 +36,15 @@ def test_every_module_imports_first_without_a_cycle():
 
 
 def _function_local_wsss_imports(path: Path) -> list[str]:
-    """``import wsss...`` statements below module level (``if TYPE_CHECKING:`` blocks excepted)."""
+    """``import wsss...`` statements below module level (``if TYPE_CHECKING:`` blocks and module-level ``try:``
+    blocks, which guard a module that needs an optional dependency, excepted)."""
     tree = ast.parse(path.read_text())
     top = set()
     for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             top.update(id(n) for n in ast.walk(node))
+        if isinstance(node, ast.Try):
+            top.update(id(n) for n in node.body)
         top.add(id(node))
     found = []
     for node in ast.walk(tree):

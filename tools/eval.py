@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from wsss.data.classes import VOC_CLASSES, load_classes
 from wsss.evaluation.folders import evaluate_folders, save_metrics_json
 from wsss.evaluation.metrics import METRICS, format_table
@@ -34,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         help="ground-truth 0 is ignored and other labels decrease by 1 (mmseg); predictions are not changed",
     )
     parser.add_argument("--metrics", nargs="+", default=["mIoU"], choices=METRICS)
-    parser.add_argument("--device", default="cpu", help="where to count, e.g. cpu or cuda")
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--device", default=default_device, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--workers", type=int, default=4, help="PNG decoding threads")
     args = parser.parse_args(argv)
 

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gallery", action="store_true", help="write index.html (implies --overlay --cams)")
     parser.add_argument("--batch-size", type=int, default=1, help="same-size images per forward batch")
     parser.add_argument("--workers", type=int, default=2, help="image decoding processes")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--device", default=default_device, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy machine)")
     parser.add_argument("--overwrite", action="store_true", help="redo images whose outputs exist")
     parser.add_argument("--no-progress", action="store_true")

@@ -11,7 +11,8 @@ import argparse
 import sys
 
 from wsss.config import load_config, parse_cfg_options
-from wsss.engine.train import NonFiniteLossError, train
+from wsss.engine.optim import NonFiniteLossError
+from wsss.engine.train import train
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,9 @@ from typing import Any, Union
 from wsss.data.classes import VOC_CLASSES
 from wsss.utils.fileio import atomic_write_text
 
+ENERGY_KERNELS = ("auto", "fused", "blocked")
+"""Implementations of the energy loss's ``W S`` (:func:`wsss.losses.gaussian_filter`)."""
+
 
 class ConfigError(ValueError):
     """A config value is unknown or of the wrong type."""
@@ -147,6 +150,10 @@ class LossConfig:
     reg_sigma_rgb: float = 15.0
     reg_sigma_xy: float = 100.0
     reg_scale: float = 0.5
+    reg_kernel: str = choice(*ENERGY_KERNELS)
+    """How ``W S`` of the energy is evaluated, exactly either way: ``fused`` (one Triton kernel, no tile of ``W``
+    in memory; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``blocked`` (tiles in PyTorch, any device) or
+    ``auto`` (fused on CUDA when triton is installed, blocked elsewhere)."""
 
 
 @dataclass
@@ -177,6 +184,8 @@ class TrainConfig:
     cam_dtype: str = choice("float32", "bfloat16")
     """Precision of the no-grad CAM pass that feeds the pseudo labels: ``float32`` (the reference) or
     ``bfloat16`` (autocast, with ``amp`` on a GPU)."""
+    compile: bool = False
+    """``torch.compile`` the model's forward pass of the training step (the CAM pass and validation run eagerly)."""
     val_input: str = choice("crop", "original")
     """Validation input size: ``crop`` resizes each image to ``data.crop_size`` squared and the predictions
     back to the mask (the reference's logged numbers); ``original`` runs at the image's own size."""

@@ -27,7 +27,8 @@ coefficient of the returned loss in the total loss (``LossConfig.reg_weight``).
 
 ToCo evaluates ``W S`` with a permutohedral lattice (Adams et al. 2010, the ``bilateralfilter`` extension
 of meng-tang/rloss), an approximation of the same Gaussian with a narrower effective kernel; here ``W S`` is
-computed exactly by dense blocked evaluation (see :func:`gaussian_filter_dense`). Calibration against the
+computed exactly, by dense blocked evaluation (:func:`gaussian_filter_dense`, CPU) or by a fused Triton kernel
+(:func:`wsss.energy_kernel.gaussian_filter_fused`, CUDA), see :func:`gaussian_filter`. Calibration against the
 real lattice (rloss 1caa759 built from source, called exactly as ToCo e13514d calls it): on 33 crops of 448
 from 7 colour photographs (21 full crops, 12 with black padding and a smaller valid box) and three kinds of
 segmentation softmax each, the lattice's gradient norm was 0.593 +- 0.024 (0.55-0.63) times the exact one,
@@ -43,7 +44,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wsss.config import LossConfig
+from wsss.config import ENERGY_KERNELS, LossConfig
+
+try:  # optional: triton ships with the CUDA builds of torch; without it the blocked version runs everywhere
+    from wsss import energy_kernel
+except ModuleNotFoundError as err:  # pragma: no cover - depends on the install
+    if err.name != "triton":
+        raise
+    energy_kernel = None
 
 
 def multilabel_soft_margin(logits: Tensor, labels: Tensor) -> Tensor:
@@ -168,32 +176,57 @@ def gaussian_filter_dense(features: Tensor, values: Tensor, block_size: int | No
     return out
 
 
+def gaussian_filter(features: Tensor, values: Tensor, kernel: str, block_size: int | None) -> Tensor:
+    """Exact Gaussian filtering ``out_i = sum_j exp(-|f_i - f_j|^2 / 2) v_j`` by the chosen implementation.
+
+    Args:
+        features: ``(n, D)`` point features already divided by their bandwidths.
+        values: ``(n, K)`` values to filter.
+        kernel: ``"blocked"``: :func:`gaussian_filter_dense`; ``"fused"``: the Triton kernel
+            :func:`wsss.energy_kernel.gaussian_filter_fused` (CUDA, or CPU under ``TRITON_INTERPRET=1``);
+            ``"auto"``: fused for CUDA tensors when triton is installed, blocked otherwise.
+        block_size: Tile edge of the blocked version (None: :func:`default_block_size`); the fused kernel has
+            its own blocks.
+
+    Returns:
+        ``(n, K)`` float32.
+    """
+    if kernel not in ENERGY_KERNELS:
+        raise ValueError(f"unknown energy kernel {kernel!r}; valid: {', '.join(ENERGY_KERNELS)}")
+    if kernel == "auto":
+        use_fused = features.device.type == "cuda" and energy_kernel is not None
+        kernel = "fused" if use_fused else "blocked"
+    if kernel == "blocked":
+        return gaussian_filter_dense(features, values, block_size)
+    if energy_kernel is None:
+        raise ModuleNotFoundError("loss.reg_kernel='fused' needs the triton package (pip install triton)")
+    return energy_kernel.gaussian_filter_fused(features, values)
+
+
 class _DenseEnergy(torch.autograd.Function):
-    """``E = -(1/B) sum_b sum_i g_i S_i . (W S)_i`` with ToCo's gradient ``-(2/B) g (W S)``."""
+    """``E = -(1/B) sum_b sum_i g_i S_i . (W S)_i`` with ToCo's gradient ``-(2/B) g (W S)``.
+
+    Every image is filtered on its whole grid, with ``S`` zeroed outside ``roi`` (those pixels then add nothing
+    as columns) and ``g`` zeroed there (nothing as rows, no gradient): the same numbers as filtering the roi
+    pixels alone, with shapes that do not depend on the data, so nothing waits for the device.
+    """
 
     @staticmethod
-    def forward(ctx, probs: Tensor, features: Tensor, roi: Tensor, gate: Tensor, block_size: int | None):
+    def forward(ctx, probs: Tensor, features: Tensor, roi: Tensor, gate: Tensor, block_size: int | None, kernel: str):
         b, k, h, w = probs.shape
-        s_all = probs.detach().float().reshape(b, k, h * w)
+        inside = roi.reshape(b, 1, h * w).float()
+        s_all = probs.detach().float().reshape(b, k, h * w) * inside
+        g_all = gate.float().reshape(b, 1, h * w) * inside
         f_all = features.float().reshape(b, -1, h * w)
-        grad = torch.zeros_like(s_all)
-        energy = s_all.new_zeros((), dtype=torch.float64)
-        for i in range(b):
-            idx = roi[i].reshape(-1).nonzero().squeeze(1)
-            if idx.numel() == 0:
-                continue
-            s = s_all[i][:, idx].T  # (n, K)
-            ws = gaussian_filter_dense(f_all[i][:, idx].T, s, block_size)
-            gws = gate[i].reshape(-1)[idx].float()[:, None] * ws
-            energy -= (s * gws).sum(dtype=torch.float64)
-            grad[i][:, idx] = -2.0 * gws.T
-        ctx.save_for_backward(grad.view(b, k, h, w) / b)
+        gws = torch.stack([g_all[i].T * gaussian_filter(f_all[i].T, s_all[i].T, kernel, block_size) for i in range(b)])
+        energy = -(s_all.transpose(1, 2) * gws).sum(dtype=torch.float64)
+        ctx.save_for_backward((-2.0 / b) * gws.transpose(1, 2).reshape(b, k, h, w))
         return (energy / b).to(probs.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (grad,) = ctx.saved_tensors
-        return (grad_output * grad).to(grad_output.dtype), None, None, None, None
+        return (grad_output * grad).to(grad_output.dtype), None, None, None, None, None
 
 
 def bilateral_features(images: Tensor, sigma_rgb: float, sigma_xy: float) -> Tensor:
@@ -220,6 +253,7 @@ def bilateral_features(images: Tensor, sigma_rgb: float, sigma_xy: float) -> Ten
 def dense_energy(
     probs: Tensor,
     features: Tensor,
+    kernel: str,
     roi: Tensor | None = None,
     gate: Tensor | None = None,
     block_size: int | None = None,
@@ -230,6 +264,7 @@ def dense_energy(
         probs: ``(B, K, h, w)`` probabilities ``S`` (gradient flows to them).
         features: ``(B, D, h, w)`` kernel features (:func:`bilateral_features`),
             ``W_ij = exp(-|f_i - f_j|^2 / 2)``.
+        kernel: ``W S`` implementation, see :func:`gaussian_filter`.
         roi: ``(B, h, w)`` bool region; pixels outside take no part (as rows or columns). None = all.
         gate: ``(B, h, w)`` non-negative per-pixel weights ``g`` (treated as constants). None = 1.
         block_size: Tile edge of :func:`gaussian_filter_dense`.
@@ -243,7 +278,7 @@ def dense_energy(
         roi = torch.ones(b, h, w, dtype=torch.bool, device=probs.device)
     if gate is None:
         gate = torch.ones(b, h, w, device=probs.device)
-    return _DenseEnergy.apply(probs, features.detach(), roi.to(torch.bool), gate.detach(), block_size)
+    return _DenseEnergy.apply(probs, features.detach(), roi.to(torch.bool), gate.detach(), block_size, kernel)
 
 
 class DenseEnergyLoss(nn.Module):
@@ -256,7 +291,9 @@ class DenseEnergyLoss(nn.Module):
         sigma_xy: Spatial bandwidth in pixels of the full-resolution input.
         scale_factor: Resolution of the evaluation relative to the input.
         ignore_index: Pseudo-label value of unlabelled pixels (gate 1).
-        block_size: Tile edge of the dense evaluation; None picks :func:`default_block_size`.
+        kernel: ``W S`` implementation: ``"auto"`` (fused Triton kernel on CUDA, blocked elsewhere),
+            ``"fused"`` or ``"blocked"``; see :func:`gaussian_filter`.
+        block_size: Tile edge of the blocked evaluation; None picks :func:`default_block_size`.
     """
 
     def __init__(
@@ -266,6 +303,7 @@ class DenseEnergyLoss(nn.Module):
         sigma_xy: float,
         scale_factor: float,
         ignore_index: int,
+        kernel: str,
         block_size: int | None = None,
     ):
         super().__init__()
@@ -275,6 +313,7 @@ class DenseEnergyLoss(nn.Module):
         self.scale_factor = scale_factor
         self.ignore_index = ignore_index
         self.block_size = block_size
+        self.kernel = kernel
 
     @classmethod
     def from_config(cls, cfg: LossConfig, ignore_index: int) -> DenseEnergyLoss:
@@ -286,12 +325,13 @@ class DenseEnergyLoss(nn.Module):
             sigma_xy=cfg.reg_sigma_xy,
             scale_factor=cfg.reg_scale,
             ignore_index=ignore_index,
+            kernel=cfg.reg_kernel,
         )
 
     def extra_repr(self) -> str:
         return (
             f"weight={self.weight}, sigma_rgb={self.sigma_rgb}, sigma_xy={self.sigma_xy}, "
-            f"scale_factor={self.scale_factor}"
+            f"scale_factor={self.scale_factor}, kernel={self.kernel!r}"
         )
 
     def forward(self, images: Tensor, probs: Tensor, valid_mask: Tensor | None, pseudo_label: Tensor) -> Tensor:
@@ -318,4 +358,4 @@ class DenseEnergyLoss(nn.Module):
         gate = (1.0 - small_probs.detach().amax(dim=1)).clamp(min=0)
         gate = torch.where(label == self.ignore_index, torch.ones_like(gate), gate)
         features = bilateral_features(small_images, self.sigma_rgb, self.sigma_xy * self.scale_factor)
-        return self.weight * dense_energy(small_probs, features, roi, gate * roi, self.block_size)
+        return self.weight * dense_energy(small_probs, features, self.kernel, roi, gate * roi, self.block_size)

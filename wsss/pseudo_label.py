@@ -48,12 +48,15 @@ def boxes_to_mask(boxes: Tensor, height: int, width: int) -> Tensor:
     return in_y[:, :, None] & in_x[:, None, :]
 
 
-def _present_keys(labels: Tensor) -> Tensor:
+def _present_keys(labels: Tensor, max_present: int | None) -> Tensor:
     """``(B, K)`` class indices of each stack channel: 0 (background) first, then ``k + 1`` for the
-    present classes ``k`` in ascending order, then -1 padding; K = 1 + the largest class count."""
+    present classes ``k`` in ascending order, then -1 padding; K = 1 + ``max_present`` (None: the largest class
+    count of ``labels``, read from the device)."""
     present = labels.to(torch.bool)
     count = present.sum(dim=1)
-    k = 1 + int(count.max().item()) if present.numel() else 1
+    if max_present is None:
+        max_present = int(count.max().item()) if present.numel() else 0
+    k = 1 + max_present
     # Stable sort puts present classes first, in ascending class order.
     order = torch.sort((~present).to(torch.uint8), dim=1, stable=True).indices
     keys = torch.full((labels.shape[0], k), -1, dtype=torch.long, device=labels.device)
@@ -73,6 +76,7 @@ def refine_cams_with_par(
     bg_values: Sequence[float],
     par: PAR,
     scale: float,
+    max_present: int | None = None,
 ) -> Tensor:
     """PAR-refined label maps, one per constant background value.
 
@@ -83,6 +87,9 @@ def refine_cams_with_par(
         bg_values: Background plane values, one label map each (the PAR affinity is shared).
         par: The refinement module.
         scale: Resolution of the refinement relative to the crop (size ``int(scale * H)``).
+        max_present: The largest number of classes present in one image of the batch, when the caller knows
+            it without asking the device (counted on the host's labels: the training step); None counts it
+            from ``labels``, which waits for the device.
 
     Returns:
         Long label maps ``(len(bg_values), B, H, W)``, 0 = background, ``k + 1`` = class ``k``.
@@ -92,7 +99,7 @@ def refine_cams_with_par(
     small_images = F.interpolate(images.float(), size=size, mode="bilinear", align_corners=False)
     small_cams = F.interpolate(cams.float(), size=size, mode="bilinear", align_corners=False)
 
-    keys = _present_keys(labels)  # (B, K)
+    keys = _present_keys(labels, max_present)  # (B, K)
     k = keys.shape[1]
     valid = keys >= 0
     gathered = torch.gather(
@@ -124,6 +131,7 @@ def pseudo_labels(
     bg_thresh: float,
     scale: float,
     ignore_index: int,
+    max_present: int | None = None,
 ) -> Tensor:
     """Dual-threshold PAR-refined pseudo labels.
 
@@ -139,11 +147,12 @@ def pseudo_labels(
             the foreground stack agrees) are background.
         scale: Resolution of the refinement relative to the crop.
         ignore_index: Label of uncertain and out-of-box pixels.
+        max_present: See :func:`refine_cams_with_par`.
 
     Returns:
         Long labels ``(B, H, W)``: 0 = background, ``k + 1`` = class ``k``, ``ignore_index`` elsewhere.
     """
-    high, low = refine_cams_with_par(images, cams, labels, (fg_thresh, bg_thresh), par, scale)
+    high, low = refine_cams_with_par(images, cams, labels, (fg_thresh, bg_thresh), par, scale, max_present)
     return combine_dual_threshold(high, low, valid_mask, ignore_index)
 
 

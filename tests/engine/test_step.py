@@ -66,7 +66,7 @@ def test_step_terms_match_an_independent_computation(setup):
     par = PAR.from_config(cfg.par)
     target = pseudo_labels(rgb, cams, labels, valid, par, 0.7, 0.25, cfg.par.scale, 255)
     seg = F.interpolate(out.seg, size=(CROP, CROP), mode="bilinear", align_corners=False)
-    energy = DenseEnergyLoss(1e-7 * cfg.loss.reg_lattice_match, 15.0, 100.0, cfg.loss.reg_scale, 255)
+    energy = DenseEnergyLoss(1e-7 * cfg.loss.reg_lattice_match, 15.0, 100.0, cfg.loss.reg_scale, 255, "blocked")
     expected = {
         "cls": F.multilabel_soft_margin_loss(out.logits, labels),
         "aux": F.multilabel_soft_margin_loss(out.aux_logits, labels),

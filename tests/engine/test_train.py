@@ -17,7 +17,8 @@ from tests.conftest import tiny_config
 from tools import train as train_cli
 from wsss.config import dump_config
 from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
-from wsss.engine.train import NonFiniteLossError, train
+from wsss.engine.optim import NonFiniteLossError
+from wsss.engine.train import train
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +72,7 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(tiny_voc, tmp_path, capsys):
     rc = train_cli.main([str(cfg_file), "--work-dir", str(work), "--resume", "--device", "cpu"])
     assert rc == 1
     err = capsys.readouterr().err
-    assert "non-finite loss at iteration 3" in err and "iter_3.pth" in err
+    assert "non-finite loss or gradient at iteration 3" in err and "iter_3.pth" in err
     assert (work / "iter_3.pth").read_bytes() == before
     assert (work / LAST_CHECKPOINT).read_text().strip() == "iter_3.pth"
     assert not (work / "iter_6.pth").exists()

@@ -70,6 +70,7 @@ def pseudo_label_targets(
     mean: tuple[float, ...],
     std: tuple[float, ...],
     cam_autocast: bool,
+    max_present: int | None,
 ) -> PseudoTargets:
     """Pseudo labels of a batch from the model's own multi-scale CAMs (final classifier), without gradient.
 
@@ -83,6 +84,8 @@ def pseudo_label_targets(
         mean: Normalisation mean of ``images``.
         std: Normalisation std.
         cam_autocast: Run the CAM pass under bf16 autocast (``train.cam_dtype == "bfloat16"`` with amp).
+        max_present: The largest number of classes in one image of the batch, counted on the host (None: counted
+            on the device, which waits for it).
     """
     h, w = images.shape[-2:]
     with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=cam_autocast):
@@ -90,8 +93,9 @@ def pseudo_label_targets(
     rgb = denormalize(images.float(), mean, std)
     valid = boxes_to_mask(boxes, h, w)
     label = pseudo_labels(
-        rgb, cams, labels, valid, par, cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale, cfg.data.ignore_index
-    )
+        rgb, cams, labels, valid, par, cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale, cfg.data.ignore_index,
+        max_present,
+    )  # fmt: skip
     return PseudoTargets(label=label, cams=cams, rgb=rgb, valid=valid)
 
 
@@ -157,7 +161,7 @@ class TrainingStep:
         """:func:`pseudo_label_targets` of a batch with this step's constants."""
         return pseudo_label_targets(
             raw_model, batch["image"], batch["label"], batch["box"], self.par, self.cfg, self.mean, self.std,
-            self.cam_autocast,
+            self.cam_autocast, batch.get("max_present"),
         )  # fmt: skip
 
     def __call__(self, model: nn.Module, raw_model: WSSSModel, batch: dict, it: int) -> tuple[Tensor, dict]:
@@ -166,7 +170,8 @@ class TrainingStep:
         Args:
             model: What runs the forward pass (the DDP wrapper under torchrun, else the model itself).
             raw_model: The bare model (for the CAM pass, which needs no gradient synchronisation).
-            batch: ``image``, ``label`` and ``box`` on the device.
+            batch: ``image``, ``label`` and ``box`` on the device, and optionally ``max_present`` (an int, see
+                :func:`pseudo_label_targets`).
             it: The 0-based iteration.
         """
         weights = loss_weights(it, self.cfg.loss)

@@ -3,7 +3,9 @@
 One step is :class:`wsss.engine.step.TrainingStep` (its module docstring shows the data flow). Single process on
 CPU or GPU; ``torchrun`` for several GPUs or nodes (DDP). Checkpoints hold everything a resumed run needs,
 every rank's random state included, so N iterations + resume + M iterations give the weights of N + M
-uninterrupted ones. Loss terms accumulate on the device and are averaged over ranks at each log interval.
+uninterrupted ones. Loss terms accumulate on the device and are averaged over ranks at each log interval; a
+non-finite loss or gradient skips the update on the device (:mod:`wsss.engine.optim`), and the loop reads that
+only where it synchronises anyway (log, validation, checkpoint), then stops before saving.
 """
 
 from __future__ import annotations
@@ -33,15 +35,12 @@ from wsss.engine.distributed import (
     barrier,
     init_distributed,
 )
+from wsss.engine.optim import NonFiniteGuard, build_optimizer
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
 from wsss.engine.validate import ValResult, validate
 from wsss.evaluation.metrics import format_table
 from wsss.models import WSSSModel, build_model
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss became NaN or infinite; training stopped before the weights were touched."""
 
 
 @dataclass
@@ -102,7 +101,32 @@ def batches(
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    """The batch's tensors on ``device``, and ``max_present``: the largest number of classes in one image,
+    counted on the host so that the pseudo labels need not ask the device."""
+    moved = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {**moved, "max_present": int(batch["label"].numpy().sum(axis=1).max())}
+
+
+def iteration(
+    model: torch.nn.Module,
+    raw_model: WSSSModel,
+    step: TrainingStep,
+    batch: dict,
+    it: int,
+    optimizer: torch.optim.Optimizer,
+    scheduler: PolyWarmupScheduler,
+    guard: NonFiniteGuard,
+    meter: LossMeter,
+) -> None:
+    """Iteration ``it`` on a batch already on the device: loss, backward, the non-finite guard, the update (skipped
+    on the device if the guard tripped), the schedule, the loss meter. Nothing here waits for the device."""
+    loss, terms = step(model, raw_model, batch, it)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    guard.update(loss, it)
+    optimizer.step()
+    scheduler.step()
+    meter.add({**terms, "loss": loss})
 
 
 def train(
@@ -118,7 +142,8 @@ def train(
         device: ``cuda`` or ``cpu`` (default: CUDA when available).
 
     Raises:
-        NonFiniteLossError: A loss became NaN/inf; the last good checkpoint is left as it was.
+        wsss.engine.optim.NonFiniteLossError: A loss or gradient became NaN/inf; the updates from then on were
+            skipped, and the last good checkpoint is left as it was.
     """
     dist_info = init_distributed(device)
     work = Path(work_dir or cfg.work_dir or "work_dirs/run")
@@ -132,8 +157,7 @@ def train(
     classes = train_set.classes
     raw_model = build_model(cfg.model, num_classes=len(classes)).to(dist_info.device)
     optim = cfg.optim
-    groups = raw_model.param_groups(optim.lr, optim.head_lr_mult, optim.weight_decay, optim.no_decay_1d)
-    optimizer = torch.optim.AdamW(groups, betas=optim.betas)
+    optimizer = build_optimizer(raw_model, optim)
     scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, optim.warmup_iters, optim.warmup_ratio, optim.power)
 
     start = 0
@@ -151,6 +175,8 @@ def train(
         if ckpt_path is not None:
             print(f"resuming from {ckpt_path} at iteration {start}")
     model = _wrap(raw_model, dist_info)
+    if cfg.train.compile:
+        model = torch.compile(model)
 
     sampler = ResumableSampler(train_set, dist_info.world_size, dist_info.rank, seed=cfg.train.seed)
     loader = DataLoader(
@@ -163,6 +189,7 @@ def train(
         generator=torch.Generator().manual_seed(cfg.train.seed),  # keeps the global RNG stream untouched
     )
     step = TrainingStep(cfg, mean, std, dist_info.device)
+    guard = NonFiniteGuard(optimizer)
     meter = LossMeter()
     writer = _writer(work) if dist_info.is_main else None
     result = TrainResult(work_dir=work, checkpoint=ckpt_path, step=start, model=raw_model, is_main=dist_info.is_main)
@@ -173,25 +200,17 @@ def train(
         disable=not dist_info.is_main,
     )  # fmt: skip
     tic, last_log = time.perf_counter(), start
+    intervals = (cfg.train.log_interval, cfg.train.val_interval, cfg.train.ckpt_interval)
     for it in range(start, cfg.train.max_iters):
         batch = to_device(next(data), dist_info.device)
-        loss, terms = step(model, raw_model, batch, it)
-        finite = all_reduce_mean(torch.isfinite(loss.detach()).float())
-        if finite.item() < 1.0:
-            parts = ", ".join(f"{k}={v.item():.4g}" for k, v in terms.items())
-            raise NonFiniteLossError(
-                f"non-finite loss at iteration {it} ({parts}); stopped before updating the weights. Last good "
-                f"checkpoint: {result.checkpoint or 'none yet'}. Lower optim.lr or check the data."
-            )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        meter.add({**terms, "loss": loss})
+        iteration(model, raw_model, step, batch, it, optimizer, scheduler, guard, meter)
         done = it + 1
         result.step = done
         bar.update(1)
-        if done % cfg.train.log_interval == 0 or done == cfg.train.max_iters:
+        log, val, save = (done % interval == 0 or done == cfg.train.max_iters for interval in intervals)
+        if log or val or save:  # the device is read here, never between
+            guard.raise_if_tripped(result.checkpoint)
+        if log:
             logged = meter.pop()
             seconds = (time.perf_counter() - tic) / (done - last_log)
             tic, last_log = time.perf_counter(), done
@@ -202,15 +221,13 @@ def train(
                 writer.add_scalar("lr/backbone", optimizer.param_groups[0]["lr"], done)
                 writer.add_scalar("time/step_s", seconds, done)
             result.history.append({"step": done, **logged})
-        if done % cfg.train.val_interval == 0 or done == cfg.train.max_iters:
+        if val:
             result.val = _validate(raw_model, val_set, cfg, dist_info, writer, done)
-        if done % cfg.train.ckpt_interval == 0 or done == cfg.train.max_iters:
+        if save:
             rng = all_gather_objects(rng_state())
             if dist_info.is_main:
                 result.checkpoint = work / f"iter_{done}.pth"
-                save_checkpoint(
-                    result.checkpoint, raw_model, cfg, classes, mean, std, done, optimizer, scheduler, rng
-                )
+                save_checkpoint(result.checkpoint, raw_model, cfg, classes, mean, std, done, optimizer, scheduler, rng)
             barrier()
     bar.close()
     if writer is not None:

@@ -1,0 +1,98 @@
+"""The training step on paper: FLOPs and bytes per stage at the paper setting, and the H100 lower bound of each.
+
+    python bench/step_on_paper.py [--config configs/voc_centered.py]
+
+Counts come from the config's shapes (backbone width and depth, crop, CAM scales, PAR, energy scale, classes);
+nothing is run. A multiply-add counts as 2 FLOPs. The lower bound of a stage is the largest of its times at the
+peak rates below; real kernels reach a fraction of them, so the bounds say which stage cannot fit a budget, not
+what a stage will take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from wsss.config import load_config
+
+# NVIDIA H100 SXM5 (datasheet; dense tensor-core rates, i.e. without sparsity)
+H100 = {
+    "bf16 tensor": 989.4e12,
+    "tf32 tensor": 494.7e12,
+    "fp32 cuda cores": 66.9e12,  # FLOP/s with FMA = 2
+    "hbm": 3.35e12,  # bytes/s
+    "exp2": 16 * 132 * 1.98e9,  # SFU results/s: 16 per SM per clock (compute capability 9.0), 132 SMs, 1.98 GHz
+    "fp32 instructions": 128 * 132 * 1.98e9,  # FP32 lanes per SM x SMs x clock
+}
+VIT = {"patch": 16, "dim": 384, "depth": 12, "mlp_ratio": 4}  # DeiT-S/16
+PAR_NEIGHBOURS_PER_DILATION = 8
+
+
+def vit_forward_flops(tokens: int, dim: int, depth: int, mlp_ratio: int) -> float:
+    """One image through the blocks: qkv, q k^T, a v, proj, MLP."""
+    linear = 2 * tokens * dim * (3 * dim + dim + 2 * mlp_ratio * dim)
+    attention = 2 * 2 * tokens * tokens * dim
+    return depth * (linear + attention)
+
+
+def stages(cfg) -> list[tuple[str, float, float, str, float]]:
+    """``(stage, FLOPs, bytes, limiting rate, seconds)`` per stage of one iteration."""
+    b, s, p, d = cfg.train.batch_size, cfg.data.crop_size, VIT["patch"], VIT["dim"]
+    classes = len(cfg.data.classes)
+    grid = s // p
+    params = 21.7e6 + 2 * d * (classes - 1) + 9 * d * 512 + 9 * 512 * 512 + 512 * classes  # DeiT-S + heads
+    fwd = b * (vit_forward_flops(grid * grid + 1, d, VIT["depth"], VIT["mlp_ratio"]) + 2 * grid * grid * 3 * p * p * d)
+    c = cfg.model.decoder_channels
+    decoder = b * 2 * grid * grid * (9 * d * c + 9 * c * c + c * classes)
+    train_flops = 3 * (fwd + decoder)  # forward + backward (2x)
+    cam_flops = 0.0
+    for scale in cfg.cam.scales:
+        g = int(scale * s) // p
+        cam_flops += 2 * b * vit_forward_flops(g * g + 1, d, VIT["depth"], VIT["mlp_ratio"])  # and its flip
+    n = int(s * cfg.loss.reg_scale) ** 2  # energy pixels per image
+    pairs = b * n * n
+    k2 = 2 * max(16, 2 ** math.ceil(math.log2(classes)))  # the fused kernel's padded, TF32-split classes
+    energy_tensor = pairs * 2 * 2 * k2  # two TF32 products per pair
+    energy_fp32 = pairs * 16  # 5 differences, 5 FMAs, the TF32 split of W (~6 instructions)
+    blocked_bytes = b * (n * n / 2) * 20  # one 8192^2 tile entry: exponent write, exp read+write, 2 matmul reads
+    par_pixels = int(s * cfg.par.scale) ** 2
+    par_channels = 2 * 3  # two threshold stacks of background + ~2 classes
+    neighbours = PAR_NEIGHBOURS_PER_DILATION * len(cfg.par.dilations)
+    par_bytes = cfg.par.num_iter * b * par_pixels * 4 * (2 * par_channels + neighbours)
+    par_flops = cfg.par.num_iter * b * par_pixels * neighbours * par_channels * 2
+    adam_bytes = params * 4 * 7  # read param, grad, m, v; write param, m, v
+    rows = [
+        ("forward + backward, bf16 autocast", train_flops, 0.0, "bf16 tensor", train_flops / H100["bf16 tensor"]),
+        ("CAM pass, float32 (reference)", cam_flops, 0.0, "fp32 cuda cores", cam_flops / H100["fp32 cuda cores"]),
+        ("CAM pass, train.cam_dtype=bfloat16", cam_flops, 0.0, "bf16 tensor", cam_flops / H100["bf16 tensor"]),
+        ("PAR pseudo labels (minimal traffic)", par_flops, par_bytes, "hbm", par_bytes / H100["hbm"]),
+        (
+            f"energy, fused kernel ({pairs:.2e} pairs)",
+            energy_tensor + energy_fp32,
+            0.0,
+            "tf32 tensor / fp32 / exp2",
+            max(energy_tensor / H100["tf32 tensor"], energy_fp32 / H100["fp32 instructions"], pairs / H100["exp2"]),
+        ),
+        ("energy, blocked (8192^2 tiles)", energy_tensor / 2, blocked_bytes, "hbm", blocked_bytes / H100["hbm"]),
+        ("fused AdamW", params * 14, adam_bytes, "hbm", adam_bytes / H100["hbm"]),
+    ]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/voc_centered.py")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, {"model.pretrained": ""})
+    print(f"batch {cfg.train.batch_size}, crop {cfg.data.crop_size}, CAM scales {cfg.cam.scales} + flip, "
+          f"PAR {cfg.par.num_iter} iterations at {cfg.par.scale}, energy at {cfg.loss.reg_scale}")  # fmt: skip
+    print("| stage | GFLOP | GB | bound by | H100 lower bound, ms |")
+    print("|---|---:|---:|---|---:|")
+    for name, flops, nbytes, rate, seconds in stages(cfg):
+        traffic = f"{nbytes / 1e9:.2f}" if nbytes else "-"
+        print(f"| {name} | {flops / 1e9:,.0f} | {traffic} | {rate} | {seconds * 1e3:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

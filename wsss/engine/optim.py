@@ -1,0 +1,77 @@
+"""The optimiser and the update of one step, without waiting for the device.
+
+The reference's optimiser is AdamW over the model's parameter groups. Here it is PyTorch's fused AdamW (one
+kernel for all parameters, CPU and CUDA), because the fused implementation honours a ``found_inf`` flag held
+on the device, as ``torch.amp.GradScaler`` uses it: a step whose flag is set changes nothing (weights, moments
+and step count stay as they were), and no Python code has to look at the flag first.
+
+:class:`NonFiniteGuard` sets that flag from the step's loss and gradients on the device and keeps it set once
+a non-finite value has been seen, so every later update of the run is skipped too. The loop reads the guard
+with :meth:`NonFiniteGuard.raise_if_tripped` where it synchronises anyway (log interval, validation,
+checkpoint): the run then stops with the weights of the last good step, and the checkpoint written before
+stays the last good one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from wsss.config import OptimConfig
+from wsss.engine.distributed import all_reduce_mean
+from wsss.models.segmentor import WSSSModel
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss or a gradient became NaN or infinite; the updates from that step on were skipped."""
+
+
+def build_optimizer(model: WSSSModel, cfg: OptimConfig) -> torch.optim.AdamW:
+    """Fused AdamW over :meth:`WSSSModel.param_groups` with ``cfg``'s rates, decay and betas."""
+    groups = model.param_groups(cfg.lr, cfg.head_lr_mult, cfg.weight_decay, cfg.no_decay_1d)
+    return torch.optim.AdamW(groups, betas=cfg.betas, fused=True)
+
+
+class NonFiniteGuard:
+    """Device-side check of every step: a NaN or inf in the loss or any gradient skips the update.
+
+    Args:
+        optimizer: A fused AdamW (:func:`build_optimizer`); the guard's flag becomes its ``found_inf``.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        device = next(p.device for g in optimizer.param_groups for p in g["params"])
+        self.optimizer = optimizer
+        self.found = torch.zeros((), device=device)
+        """1.0 from the first non-finite step on, 0.0 before (the optimiser's ``found_inf``)."""
+        self.first_step = torch.full((), -1, dtype=torch.long, device=device)
+        """Index of the first non-finite step, -1 while there is none."""
+        self._one = torch.ones((), device=device)
+        optimizer.found_inf = self.found
+
+    def update(self, loss: Tensor, it: int) -> None:
+        """Check ``loss`` and the gradients of step ``it`` (after ``backward``, before ``optimizer.step``).
+
+        Every rank takes the same decision (the flags are averaged over ranks), so the replicas stay equal.
+        """
+        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        found = torch.zeros_like(self.found)
+        # GradScaler's check: sets ``found`` where a gradient holds a NaN/inf (multiplying by 1 changes nothing)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, self._one)
+        found = torch.maximum(found, (~torch.isfinite(loss.detach())).float())
+        found = (all_reduce_mean(found) > 0).float()
+        self.first_step.copy_(torch.where((found > 0) & (self.found == 0), it, self.first_step))
+        self.found.copy_(torch.maximum(self.found, found))
+
+    def raise_if_tripped(self, last_good: object) -> None:
+        """Raise :class:`NonFiniteLossError` if any step so far was non-finite (reads the device once).
+
+        Args:
+            last_good: What to name as the last good checkpoint in the message (None: none yet).
+        """
+        first = int(self.first_step)
+        if first >= 0:
+            raise NonFiniteLossError(
+                f"non-finite loss or gradient at iteration {first}; that update and all later ones were skipped. "
+                f"Last good checkpoint: {last_good or 'none yet'}. Lower optim.lr or check the data."
+            )
