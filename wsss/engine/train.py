@@ -24,7 +24,7 @@ from tqdm import tqdm
 from wsss.config import Config, dump_config
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
-from wsss.engine.checkpoint import find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from wsss.engine.checkpoint import rng_state, save_checkpoint, set_rng_state
 from wsss.engine.distributed import (
     DistInfo,
     ResumableSampler,
@@ -33,6 +33,7 @@ from wsss.engine.distributed import (
     barrier,
     init_distributed,
 )
+from wsss.engine.resume import config_changes, find_checkpoint, restore_training_state
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
 from wsss.engine.validate import ValResult, validate
@@ -136,20 +137,21 @@ def train(
     optimizer = torch.optim.AdamW(groups, betas=optim.betas)
     scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, optim.warmup_iters, optim.warmup_ratio, optim.power)
 
-    start = 0
-    ckpt_path = find_resume_checkpoint(work) if resume is True else (Path(resume) if resume else None)
-    if ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path, map_location=dist_info.device)
-        raw_model.load_state_dict(ckpt["model"], strict=True)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        start = int(ckpt["step"])
+    start, ckpt_path, changes = 0, None, []
+    found = find_checkpoint(work, resume, map_location=dist_info.device)
+    if found is not None:  # weights and moments from the checkpoint, the schedule from cfg (wsss/engine/resume.py)
+        ckpt_path, ckpt = found
+        start = restore_training_state(ckpt, ckpt_path, raw_model, optimizer, scheduler)
         _restore_rng(ckpt["rng"], dist_info, cfg.train.seed + start)
+        changes = config_changes(ckpt["config"], cfg)
     if dist_info.is_main:
         work.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, work / "config.py")
         if ckpt_path is not None:
             print(f"resuming from {ckpt_path} at iteration {start}")
+        if changes:
+            print(f"the config changed since that checkpoint ({'; '.join(changes)}); the new values apply, the "
+                  f"learning rate follows the new schedule from iteration {start}")  # fmt: skip
     model = _wrap(raw_model, dist_info)
 
     sampler = ResumableSampler(train_set, dist_info.world_size, dist_info.rank, seed=cfg.train.seed)
