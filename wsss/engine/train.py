@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from wsss.engine.resume import config_changes, find_checkpoint, restore_training
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
 from wsss.engine.validate import ValResult, validate
+from wsss.engine.workdir import claim_work_dir
 from wsss.evaluation.metrics import format_table
 from wsss.models import WSSSModel, build_model
 
@@ -107,7 +109,11 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 def train(
-    cfg: Config, work_dir: str | Path | None = None, resume: str | bool | None = None, device: str | None = None
+    cfg: Config,
+    work_dir: str | Path | None = None,
+    resume: str | bool | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Train the model ``cfg`` describes.
 
@@ -115,14 +121,24 @@ def train(
         cfg: The resolved config.
         work_dir: Where checkpoints, the resolved config, logs and TensorBoard events go (default:
             ``cfg.work_dir``, else ``work_dirs/run``).
-        resume: A checkpoint path, or True for the work dir's newest checkpoint (a fresh start if none).
+        resume: A checkpoint path, or True for the work dir's newest valid checkpoint (a fresh start if none).
         device: ``cuda`` or ``cpu`` (default: CUDA when available).
+        overwrite: Start from scratch even if the work dir holds checkpoints (they are deleted).
 
     Raises:
+        WorkDirError: Another run holds the work dir, or it holds checkpoints and neither ``resume`` nor
+            ``overwrite`` is given (:mod:`wsss.engine.workdir`).
         NonFiniteLossError: A loss became NaN/inf; the last good checkpoint is left as it was.
     """
-    dist_info = init_distributed(device)
     work = Path(work_dir or cfg.work_dir or "work_dirs/run")
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 alone writes the work dir
+        return _train(cfg, work, resume, device)
+    with claim_work_dir(work, resume, overwrite):
+        return _train(cfg, work, resume, device)
+
+
+def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | None) -> TrainResult:
+    dist_info = init_distributed(device)
     cfg = dataclasses.replace(cfg, work_dir=str(work))
     torch.manual_seed(cfg.train.seed + dist_info.rank)
     np.random.seed(cfg.train.seed + dist_info.rank)
