@@ -12,7 +12,9 @@ path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages`` (a VOC r
                           bilinear (align_corners=False) upsampling to (H, W) recovers the full map
     thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
     index.html            gallery: thumbnail, mask overlay, CAM (--gallery, which implies --overlay --cams)
-    image_labels.json     per image: the classes the classifier predicts present and those shown in the CAM
+    labels/<rel>.json     the image's classes: those the classifier predicts present, those shown in the CAM
+                          (written with the image's other outputs, so an interrupted run loses none)
+    image_labels.json     every image's labels/ entry in one file, merged at the end of each run
     run.json              the settings of the last run; summary.json: what it did
 
 ``<rel>`` is the input's relative path with its extension replaced. Every file is written atomically.
@@ -113,7 +115,7 @@ class InferenceOptions:
 
     def kinds(self) -> list[str]:
         """Output kinds this run writes for every image."""
-        kinds = ["masks"]
+        kinds = ["masks", "labels"]
         kinds += ["overlays"] if self.overlay or self.gallery else []
         kinds += ["cams"] if self.cams or self.gallery else []
         kinds += ["logits"] if self.logits else []
@@ -251,7 +253,7 @@ def run_inference(
         loop.run(todo)
         summary.seconds = time.perf_counter() - tic
     finished += loop.finished
-    labels = _update_labels_file(output, loop.labels, ckpt["classes"], cfg.infer.cls_thresh)
+    labels = _update_labels_file(output, finished, ckpt["classes"], cfg.infer.cls_thresh)
     if opts.gallery:
         shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
         write_gallery(output, shown, labels, cfg.infer.cls_thresh)
@@ -301,17 +303,18 @@ def _check_previous_settings(output: Path, settings: dict, summary: InferenceSum
         )
 
 
-def _update_labels_file(output: Path, new: dict[str, dict], classes: list[str], threshold: float) -> dict[str, dict]:
-    """Merge this run's image-level predictions into ``output/image_labels.json``; return all of them."""
-    path = output / "image_labels.json"
+def _update_labels_file(output: Path, finished: list[str], classes: list[str], threshold: float) -> dict[str, dict]:
+    """Merge the ``labels/`` entries of the finished images made for ``classes`` into ``output/image_labels.json``;
+    return them."""
     images: dict[str, dict] = {}
-    try:
-        old = json.loads(path.read_text())
-        if old.get("classes") == list(classes):
-            images = dict(old.get("images", {}))
-    except (OSError, ValueError, AttributeError):
-        pass
-    images.update(new)
+    for rel in finished:
+        try:
+            entry = json.loads(output_paths(output, rel, ["labels"])["labels"].read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and entry.pop("classes", None) == list(classes):
+            images[rel] = entry
+    path = output / "image_labels.json"
     payload = {"classes": list(classes), "threshold": threshold, "images": dict(sorted(images.items()))}
     atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
     return images
@@ -364,7 +367,6 @@ class _InferenceLoop:
         self.device = next(setup.model.parameters()).device
         self.palette = voc_palette()
         self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, Future]] = deque()
-        self.labels: dict[str, dict] = {}
         self.finished: list[str] = []
         self.bar = None
 
@@ -401,11 +403,13 @@ class _InferenceLoop:
             shown, top1 = predicted_classes(out.cls_logits[i], setup.cls_thresh)
             present = out.cls_logits[i].sigmoid() > setup.cls_thresh
             names = setup.classes[1:]
-            self.labels[src.rel] = {
+            entry = {
+                "classes": setup.classes,
                 "present": [n for n, p in zip(names, present.tolist(), strict=True) if p],
                 "cam_classes": [n for n, p in zip(names, shown.tolist(), strict=True) if p],
                 "top1_fallback": top1,
             }
+            atomic_write_text(paths["labels"], json.dumps(entry) + "\n")  # before the mask, which marks it done
             if "logits" in paths:
                 _save_npy(paths["logits"], downscale_logits(seg, setup.logits_stride))
             if "cams" in paths:
