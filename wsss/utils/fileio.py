@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,15 +102,40 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def regular_file_problem(path: str | Path) -> str | None:
+    """None if ``path`` (symlinks followed) is a regular file, else why not: ``not a regular file (named
+    pipe)`` and the like. Opening a named pipe blocks until a writer comes, so readers check first.
+
+    Raises:
+        OSError: ``path`` cannot be examined (missing, broken link, no permission).
+    """
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {stat.S_ISFIFO: "named pipe", stat.S_ISDIR: "folder", stat.S_ISSOCK: "socket",
+             stat.S_ISCHR: "character device", stat.S_ISBLK: "block device"}  # fmt: skip
+    kind = next((name for test, name in kinds.items() if test(mode)), "special file")
+    return f"not a regular file ({kind})"
+
+
 def read_image(path: str | Path) -> np.ndarray:
     """Read any image as (H, W, 3) uint8 RGB, with its EXIF orientation applied.
 
     Grayscale, palette, RGBA (composited on black) and 16-bit images are converted.
 
     Raises:
-        ValueError: The file is missing, not an image, or truncated; the message names the path.
+        ValueError: The file is missing, not a regular file, not an image, or truncated; the message names
+            the path.
     """
     path = Path(path)
+    try:
+        problem = regular_file_problem(path)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: file not found") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     try:
         with Image.open(path) as im:
             im.load()
