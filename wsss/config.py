@@ -30,6 +30,18 @@ def choice(default: str, *others: str) -> Any:
     return field(default=default, metadata={"choices": (default, *others)})
 
 
+def check_bounds(
+    section: str, obj: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()
+) -> None:
+    """Raise ConfigError naming the key if a ``positive`` field of ``obj`` is not > 0 or a ``non_negative`` one
+    is not >= 0 (NaN fails both)."""
+    for names, low, text in ((positive, None, "> 0"), (non_negative, 0, ">= 0")):
+        for name in names:
+            value = getattr(obj, name)
+            if not (value > 0 if low is None else value >= low):
+                raise ConfigError(f"config key '{section}.{name}': must be {text}, got {value!r}")
+
+
 @dataclass
 class DataConfig:
     """Dataset layout and training augmentation."""
@@ -164,6 +176,9 @@ class OptimConfig:
     warmup_ratio: float = 1e-6
     power: float = 0.9
 
+    def __post_init__(self) -> None:
+        check_bounds("optim", self, positive=("lr", "head_lr_mult"), non_negative=("weight_decay", "warmup_iters"))
+
 
 @dataclass
 class TrainConfig:
@@ -184,6 +199,10 @@ class TrainConfig:
     val_interval: int = 5000
     ckpt_interval: int = 5000
     val_max_images: int | None = None
+
+    def __post_init__(self) -> None:
+        intervals = ("max_iters", "batch_size", "log_interval", "val_interval", "ckpt_interval")
+        check_bounds("train", self, positive=intervals)
 
 
 @dataclass
