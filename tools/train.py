@@ -17,6 +17,7 @@ import sys
 from wsss.config import load_config, parse_cfg_options
 from wsss.engine.checkpoint import NonFiniteWeightsError
 from wsss.engine.train import NonFiniteLossError, train
+from wsss.utils.lifetime import exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,4 +54,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()  # SIGTERM unwinds like Ctrl-C: workers stop, the work dir's lock is released
     raise SystemExit(main())

@@ -41,6 +41,7 @@ from wsss.engine.validate import ValResult, validate
 from wsss.engine.workdir import claim_work_dir
 from wsss.evaluation.metrics import format_table
 from wsss.models import WSSSModel, build_model
+from wsss.utils.lifetime import die_with_parent
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -179,6 +180,7 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
         drop_last=True,
         pin_memory=dist_info.device.type == "cuda",
         generator=torch.Generator().manual_seed(cfg.train.seed),  # keeps the global RNG stream untouched
+        worker_init_fn=die_with_parent,
     )
     step = TrainingStep(cfg, mean, std, dist_info.device)
     meter = LossMeter()

@@ -66,6 +66,7 @@ from wsss.inference.sources import Source, inside, list_folder, list_split, outp
 from wsss.inference.visualize import cam_overlay, mask_overlay
 from wsss.models.tta import predicted_classes, tta_forward
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
+from wsss.utils.lifetime import die_with_parent
 
 THUMB_SIZE = 256
 
@@ -376,6 +377,7 @@ class _InferenceLoop:
             batch_size=None,
             num_workers=self.setup.num_workers if len(todo) > 1 else 0,
             collate_fn=identity,
+            worker_init_fn=die_with_parent,
         )
         buckets = SizeBuckets(self.setup.batch_size)
         self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.setup.progress)
