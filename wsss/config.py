@@ -71,6 +71,12 @@ class DataConfig:
     augmentation and the normalisation (the reference pads black; the ImageNet mean grey is
     ``(123.675, 116.28, 103.53)``)."""
     num_workers: int = 2
+    max_bad_images: int = 10
+    """Training images that fail to decode are skipped with a warning naming the file (another image takes
+    their place); more than this many per data-loading process stop the run."""
+    check_images: bool = False
+    """Before training, decode every image and mask of both splits and check the label file
+    (``tools/check_dataset.py`` does the same alone); any problem stops the run before the first step."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from wsss.config import Config, dump_config
+from wsss.data.check import check_dataset
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
 from wsss.engine.checkpoint import rng_state, save_checkpoint, set_rng_state
@@ -144,6 +145,9 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     torch.manual_seed(cfg.train.seed + dist_info.rank)
     np.random.seed(cfg.train.seed + dist_info.rank)
 
+    if cfg.data.check_images and (problems := check_dataset(cfg.data, progress=dist_info.is_main)):
+        listed = "; ".join(f"{p.path}: {p.reason}" for p in problems[:3])
+        raise ValueError(f"data.check_images: {len(problems)} problem(s) ({listed}); tools/check_dataset.py lists all")
     mean, std = backbone_mean_std(cfg.model.backbone)
     train_set = VOCClsDataset(cfg.data, mean, std, seed=cfg.train.seed)
     val_set = VOCSegDataset(cfg.data, mean, std)
