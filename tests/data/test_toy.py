@@ -461,6 +461,7 @@ def _colour_classifier_accuracy(version: int, num_images: int = 100, k: int = 15
     return float((votes.argmax(axis=1) == classes[test]).mean())
 
 
+@pytest.mark.slow
 def test_colour_alone_tells_the_class_in_version_2_not_in_version_3():
     """A pixel's colour gives its class away in version 2 (class hues) and is at chance in version 3."""
     chance = 1.0 / (len(TOY_CLASSES) - 1)

@@ -48,6 +48,7 @@ def make_input(root: Path, folder: Path) -> dict[str, str]:
     return layout
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(trained, tmp_path, capsys):
     root, ckpt = trained
     inp, out, gt = tmp_path / "in", tmp_path / "out", tmp_path / "gt"
@@ -99,6 +100,7 @@ def test_cli_end_to_end(trained, tmp_path, capsys):
     assert mask_file.stat().st_ino != stats[mask_file].st_ino  # rewritten (atomically, a new file)
 
 
+@pytest.mark.slow
 def test_batching_and_crf_change_nothing_unexpected(trained, tmp_path):
     """Batch size 3 on same-size and odd-size images gives the logits of batch size 1; CRF changes masks only."""
     root, ckpt = trained

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+pytestmark = [pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc"), pytest.mark.slow]
 
 WORKERS = textwrap.dedent("""
     import sys, time
