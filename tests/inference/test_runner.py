@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -198,9 +200,13 @@ def test_an_interrupted_run_keeps_every_image_label(trained, tmp_path, monkeypat
         run_inference(ckpt, inp, out, options=opts)
     monkeypatch.setattr(runner, "save_mask", real_save_mask)
     assert len(saved) == 1 and not (out / "image_labels.json").exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = saved[0].parent / f".x.png.{int(dead.stdout)}.q1w2e3r4.tmp"  # as a SIGKILL mid-write leaves it
+    stale.write_bytes(b"half a mask")
 
     summary = run_inference(ckpt, inp, out, options=opts)
     assert summary.existing == 1 and summary.done == 2
+    assert not stale.exists()
     labels = json.loads((out / "image_labels.json").read_text())
     assert set(labels["images"]) == set(layout) and labels["classes"] == list(TOY_CLASSES)
     first = PurePosixPath(saved[0].relative_to(out / "masks")).with_suffix(".jpg").as_posix()

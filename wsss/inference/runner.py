@@ -17,7 +17,8 @@ path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages`` (a VOC r
     image_labels.json     every image's labels/ entry in one file, merged at the end of each run
     run.json              the settings of the last run; summary.json: what it did
 
-``<rel>`` is the input's relative path with its extension replaced. Every file is written atomically.
+``<rel>`` is the input's relative path with its extension replaced. Every file is written atomically; the
+temporaries a killed run left behind are removed at the start of the next.
 An image whose requested outputs all exist is skipped (not even decoded) unless ``overwrite``.
 
 Batching (:mod:`wsss.inference.batching`): a batch holds images of one size. Each scale of a batch of
@@ -65,7 +66,7 @@ from wsss.inference.gallery import write_gallery
 from wsss.inference.sources import Source, inside, list_folder, list_split, output_paths
 from wsss.inference.visualize import cam_overlay, mask_overlay
 from wsss.models.tta import predicted_classes, tta_forward
-from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, remove_stale_temporaries, save_image, save_mask
 from wsss.utils.lifetime import die_with_parent
 
 THUMB_SIZE = 256
@@ -223,6 +224,7 @@ def run_inference(
         sources, skipped = list_folder(input_path, exclude=output)
 
     output.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(output, recursive=True)  # of killed runs; a live run's are kept
     summary = InferenceSummary(output=output, skipped=skipped)
     settings = {
         "checkpoint": os.path.realpath(checkpoint),
