@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 TOY := data/toy_voc
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint bench-gpu clean-venv
+.PHONY: install demo test test-fast lint bench-gpu clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -19,9 +19,18 @@ lint: $(STAMP)
 	$(PY) -m ruff check wsss tools tests bench configs
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
-test: $(STAMP) lint
-	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+define run_pytest
+	@$(PY) -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+endef
+
+# Every test (CI runs this).
+test: $(STAMP) lint
+	$(call run_pytest,)
+
+# The edit loop: every test but those marked slow (pytest.mark.slow).
+test-fast: $(STAMP) lint
+	$(call run_pytest,-m "not slow")
 
 demo: $(STAMP)
 	$(PY) tools/make_toy_voc.py $(TOY)

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from tools import train as train_cli
 from wsss.config import Config, ConfigError, dump_config, from_dict, load_config, parse_cfg_options
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,3 +168,33 @@ def test_choice_fields_reject_unknown_values():
     with pytest.raises(ConfigError, match=r"train.val_input"):
         from_dict(Config, {"train": {"val_input": "448"}})
     assert from_dict(Config, {"train": {"val_input": "original"}}).train.val_input == "original"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "rule"),
+    [
+        ("train", "ckpt_interval", 0, "> 0"),
+        ("train", "max_iters", 0, "> 0"),
+        ("train", "batch_size", -2, "> 0"),
+        ("train", "val_interval", 0, "> 0"),
+        ("train", "log_interval", 0, "> 0"),
+        ("optim", "lr", -1.0, "> 0"),
+        ("optim", "lr", float("nan"), "> 0"),
+        ("optim", "head_lr_mult", 0.0, "> 0"),
+        ("optim", "weight_decay", -0.01, ">= 0"),
+        ("optim", "warmup_iters", -1, ">= 0"),
+    ],
+)
+def test_out_of_range_values_are_named(section, key, value, rule):
+    with pytest.raises(ConfigError, match=rf"config key '{section}.{key}': must be {rule}, got"):
+        from_dict(Config, {section: {key: value}})
+    assert from_dict(Config, {"optim": {"warmup_iters": 0, "weight_decay": 0.0}}).optim.warmup_iters == 0
+
+
+def test_train_cli_reports_config_errors_in_one_line(tmp_path, capsys):
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text("train = dict(max_iters=3)\n")
+    assert train_cli.main([str(cfg), "--work-dir", str(tmp_path / "w"), "--cfg-options", "train.ckpt_interval=0"]) == 2
+    assert capsys.readouterr().err == "error: config key 'train.ckpt_interval': must be > 0, got 0\n"
+    assert train_cli.main([str(tmp_path / "nope.py")]) == 2
+    assert capsys.readouterr().err.startswith("error: config file not found")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 WSSS = Path(__file__).resolve().parents[1] / "wsss"
 
 IMPORT_EACH_ALONE = """
@@ -28,6 +30,7 @@ sys.exit(1 if failures else 0)
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_without_a_cycle():
     """Each module imported first, into an interpreter holding no other wsss module: a cycle shows up as an
     ImportError of a partly initialised module. ``wsss.models`` must not pull in ``wsss.config``."""

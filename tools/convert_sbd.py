@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from wsss.data.sbd import convert_sbd
 
@@ -16,7 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("voc_root", help="VOC2012 root (holds JPEGImages/, SegmentationClass/, ImageSets/)")
     parser.add_argument("--out-dir", default="SegmentationClassAug", help="mask folder to write under VOC_ROOT")
     args = parser.parse_args(argv)
-    counts = convert_sbd(args.sbd_root, args.voc_root, out_dir=args.out_dir)
+    try:
+        counts = convert_sbd(args.sbd_root, args.voc_root, out_dir=args.out_dir)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(
         f"converted {counts['sbd']} SBD masks, copied {counts['voc']} VOC masks, "
         f"{counts['images_copied']} images copied; train_aug.txt lists {counts['train_aug']} ids"

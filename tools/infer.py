@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from wsss.inference.runner import InferenceOptions, run_inference
+from wsss.utils.lifetime import exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,4 +74,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()  # SIGTERM unwinds like Ctrl-C: workers stop, the work dir's lock is released
     raise SystemExit(main())

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from wsss.data.classes import VOC_CLASSES, load_classes
@@ -21,13 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output file (default: ROOT/cls_labels.json)")
     args = parser.parse_args(argv)
 
-    classes = load_classes(args.classes) if args.classes else list(VOC_CLASSES)
-    if args.source == "xml":
-        labels = labels_from_xml(args.root / "Annotations", classes)
-    else:
-        labels = labels_from_masks(args.root / args.mask_dir, len(classes))
     out = args.out or args.root / "cls_labels.json"
-    save_labels(out, labels, classes)
+    try:
+        classes = load_classes(args.classes) if args.classes else list(VOC_CLASSES)
+        if args.source == "xml":
+            labels = labels_from_xml(args.root / "Annotations", classes)
+        else:
+            labels = labels_from_masks(args.root / args.mask_dir, len(classes))
+        save_labels(out, labels, classes)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"wrote labels of {len(labels)} images over {len(classes) - 1} foreground classes to {out}")
     return 0
 

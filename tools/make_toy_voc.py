@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from wsss.data.toy import (
@@ -22,7 +23,9 @@ from wsss.data.toy import (
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", help="output folder (created; left as is when already complete)")
+    parser.add_argument(
+        "out_dir", help="output folder (created; left as is when already complete; refused when it holds other files)"
+    )
     parser.add_argument("--num-train", type=int, default=400, help="number of train images")
     parser.add_argument("--num-val", type=int, default=100, help="number of val images")
     parser.add_argument("--seed", type=int, default=0, help="random seed; same seed, same bytes")
@@ -33,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_TOY_VERSION,
         help="generator version: 2 = a hue per class (the demo's), 3 = shape and fill only, colours shared "
         "by all classes (docs/toy_dataset.md)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write into a folder that holds other files (its splits are replaced)"
     )
     parser.add_argument("--sheet", default=None, help="also write a PNG of the first 8 train images beside their masks")
     return parser.parse_args(argv)
@@ -45,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fresh = not toy_voc_is_complete(args.out_dir, args.num_train, args.num_val, args.seed, args.version)
     start = time.perf_counter()
-    root = make_toy_voc(args.out_dir, args.num_train, args.num_val, args.seed, args.version)
+    try:
+        root = make_toy_voc(args.out_dir, args.num_train, args.num_val, args.seed, args.version, args.overwrite)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     took = f"generated in {time.perf_counter() - start:.1f} s" if fresh else "already complete, kept"
     if args.sheet:
         ids = (root / "ImageSets" / "Segmentation" / "train.txt").read_text().split()[:8]

@@ -1,6 +1,10 @@
 """Train a model from a config.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--cfg-options k=v ...] [--device cpu|cuda]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT] | --overwrite] [--cfg-options k=v ...]
+        [--device cpu|cuda]
+
+A work dir holds one run: a second run in it stops with an error while the first holds its lock, and a fresh
+start over its checkpoints needs --resume (continue; the schedule follows the current config) or --overwrite.
 
 Several GPUs or nodes: ``torchrun --nproc-per-node N tools/train.py CONFIG``.
 """
@@ -11,8 +15,10 @@ import argparse
 import sys
 
 from wsss.config import load_config, parse_cfg_options
+from wsss.engine.checkpoint import NonFiniteWeightsError
 from wsss.engine.optim import NonFiniteLossError
 from wsss.engine.train import train
+from wsss.utils.lifetime import exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,16 +29,24 @@ def main(argv: list[str] | None = None) -> int:
         "--resume", nargs="?", const=True, default=None,
         help="resume from CKPT, or with no value from the work dir's newest checkpoint",
     )  # fmt: skip
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start from scratch in a work dir that holds checkpoints (deleted)"
+    )
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     args = parser.parse_args(argv)
 
-    cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
+    if args.resume and args.overwrite:
+        parser.error("--resume and --overwrite exclude each other")
     try:
-        result = train(cfg, work_dir=args.work_dir, resume=args.resume, device=args.device)
-    except NonFiniteLossError as err:
+        cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
+        result = train(cfg, work_dir=args.work_dir, resume=args.resume, device=args.device, overwrite=args.overwrite)
+    except (NonFiniteLossError, NonFiniteWeightsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except (FileNotFoundError, ValueError, ImportError) as err:  # the project's errors: config, data, work dir
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if result.is_main:
         if result.val is not None:
             print("final val: " + "  ".join(f"{k} {v:.2f}" for k, v in result.val.metrics.items()))
@@ -41,4 +55,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()  # SIGTERM unwinds like Ctrl-C: workers stop, the work dir's lock is released
     raise SystemExit(main())

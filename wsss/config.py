@@ -33,6 +33,18 @@ def choice(default: str, *others: str) -> Any:
     return field(default=default, metadata={"choices": (default, *others)})
 
 
+def check_bounds(
+    section: str, obj: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()
+) -> None:
+    """Raise ConfigError naming the key if a ``positive`` field of ``obj`` is not > 0 or a ``non_negative`` one
+    is not >= 0 (NaN fails both)."""
+    for names, low, text in ((positive, None, "> 0"), (non_negative, 0, ">= 0")):
+        for name in names:
+            value = getattr(obj, name)
+            if not (value > 0 if low is None else value >= low):
+                raise ConfigError(f"config key '{section}.{name}': must be {text}, got {value!r}")
+
+
 @dataclass
 class DataConfig:
     """Dataset layout and training augmentation."""
@@ -62,6 +74,12 @@ class DataConfig:
     augmentation and the normalisation (the reference pads black; the ImageNet mean grey is
     ``(123.675, 116.28, 103.53)``)."""
     num_workers: int = 2
+    max_bad_images: int = 10
+    """Training images that fail to decode are skipped with a warning naming the file (another image takes
+    their place); more than this many per data-loading process stop the run."""
+    check_images: bool = False
+    """Before training, decode every image and mask of both splits and check the label file
+    (``tools/check_dataset.py`` does the same alone); any problem stops the run before the first step."""
 
 
 @dataclass
@@ -171,6 +189,9 @@ class OptimConfig:
     warmup_ratio: float = 1e-6
     power: float = 0.9
 
+    def __post_init__(self) -> None:
+        check_bounds("optim", self, positive=("lr", "head_lr_mult"), non_negative=("weight_decay", "warmup_iters"))
+
 
 @dataclass
 class TrainConfig:
@@ -193,6 +214,10 @@ class TrainConfig:
     val_interval: int = 5000
     ckpt_interval: int = 5000
     val_max_images: int | None = None
+
+    def __post_init__(self) -> None:
+        intervals = ("max_iters", "batch_size", "log_interval", "val_interval", "ckpt_interval")
+        check_bounds("train", self, positive=intervals)
 
 
 @dataclass

@@ -72,3 +72,16 @@ def test_cli_xml_and_masks(tiny_voc, tmp_path, capsys):
     argv = [str(tiny_voc), "--source", "masks", "--mask-dir", "SegmentationClass"]
     assert make_cls_labels.main(argv + ["--classes", str(tiny_voc / "classes.txt"), "--out", str(out2)]) == 0
     assert json.loads(out2.read_text()) == payload
+
+
+@pytest.mark.parametrize("bad", ["2", "0.5", "-1", "NaN", "true", "null", '"1"'])
+def test_label_values_other_than_0_and_1_are_refused(tmp_path, bad):
+    path = tmp_path / "l.json"
+    path.write_text('{"classes": ["background", "cat", "dog"], "labels": {"x": [1, 0], "img_7": [0, ' + bad + "]}}")
+    with pytest.raises(ValueError, match=rf"{path}: label of 'img_7' holds .*only 0 and 1"):
+        load_labels(path, TINY_CLASSES)
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert make_cls_labels.main([str(tmp_path), "--out", str(tmp_path / "l.json")]) == 2
+    assert capsys.readouterr().err.startswith("error: no annotation XML files in")

@@ -60,6 +60,18 @@ def test_convert_merges_and_writes_train_aug(tiny_voc, tmp_path):
     assert (tiny_voc / "JPEGImages" / "s1.jpg").is_file()  # copied from SBD img/
 
 
-def test_convert_missing_sbd_names_fix(tmp_path, tiny_voc):
-    with pytest.raises(FileNotFoundError, match="benchmark_RELEASE"):
-        convert_sbd_cli.main([str(tmp_path / "nothing"), str(tiny_voc)])
+def test_convert_missing_sbd_names_fix(tmp_path, tiny_voc, capsys):
+    assert convert_sbd_cli.main([str(tmp_path / "nothing"), str(tiny_voc)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no SBD cls/ folder") and "benchmark_RELEASE" in err
+
+
+@pytest.mark.parametrize("data", [b"", b"hello world" * 10], ids=["empty", "garbage"])
+def test_corrupt_mat_names_its_file(tmp_path, tiny_voc, capsys, data):
+    sbd = tmp_path / "dataset"
+    (sbd / "cls").mkdir(parents=True)
+    (sbd / "cls" / "s1.mat").write_bytes(data)
+    with pytest.raises(ValueError, match="s1.mat: not an SBD class .mat file"):
+        read_sbd_mat(sbd / "cls" / "s1.mat")
+    assert convert_sbd_cli.main([str(sbd), str(tiny_voc)]) == 2
+    assert f"error: {sbd / 'cls' / 's1.mat'}: not an SBD class .mat file" in capsys.readouterr().err

@@ -461,8 +461,30 @@ def _colour_classifier_accuracy(version: int, num_images: int = 100, k: int = 15
     return float((votes.argmax(axis=1) == classes[test]).mean())
 
 
+@pytest.mark.slow
 def test_colour_alone_tells_the_class_in_version_2_not_in_version_3():
     """A pixel's colour gives its class away in version 2 (class hues) and is at chance in version 3."""
     chance = 1.0 / (len(TOY_CLASSES) - 1)
     assert _colour_classifier_accuracy(2) >= 0.9
     assert _colour_classifier_accuracy(3) <= chance + 0.08
+
+
+def test_refuses_a_folder_holding_another_dataset(tmp_path, capsys):
+    voc = tmp_path / "voc"
+    (voc / "JPEGImages").mkdir(parents=True)
+    (voc / "JPEGImages" / "2007_000032.jpg").write_bytes(b"a real image")
+    (voc / "ImageSets" / "Segmentation").mkdir(parents=True)
+    (voc / "ImageSets" / "Segmentation" / "train.txt").write_text("2007_000032\n")
+    (voc / "classes.txt").write_text("background\naeroplane\n")
+    before = {p: p.read_bytes() for p in voc.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match="JPEGImages/2007_000032.jpg.*--overwrite"):
+        make_toy_voc(voc, num_train=2, num_val=1)
+    assert main([str(voc), "--num-train", "2", "--num-val", "1"]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in voc.rglob("*") if p.is_file()} == before  # untouched
+    assert main([str(voc), "--num-train", "2", "--num-val", "1", "--overwrite"]) == 0
+    assert toy_voc_is_complete(voc, 2, 1, 0) and _ids(voc, "train") == ["train_00000", "train_00001"]
+    # a toy set with a label file beside it is complete: kept, no refusal; other parameters need --overwrite
+    (voc / "cls_labels.json").write_text("{}")
+    assert main([str(voc), "--num-train", "2", "--num-val", "1"]) == 0
+    assert main([str(voc), "--num-train", "3", "--num-val", "1"]) == 2

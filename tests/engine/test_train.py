@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -93,15 +95,28 @@ def test_cli_resume_without_value_continues(tiny_voc, tmp_path, capsys):
     assert load_checkpoint(work / "iter_4.pth")["step"] == 4
 
 
+BUSY_PORTS = (29500, 29531)
+"""torchrun's default port and one a test once hard-coded: held during the run, as another job would hold them."""
+
+
 def torchrun(*args: str) -> subprocess.CompletedProcess:
-    """Two CPU processes under torchrun on a free port (``--standalone``)."""
+    """Two CPU processes under torchrun on a free port (``--standalone``), while :data:`BUSY_PORTS` are taken."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    with contextlib.ExitStack() as held:
+        for port in BUSY_PORTS:
+            sock = held.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+                sock.listen()
+            except OSError:  # already taken by another job: just as good
+                pass
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
+@pytest.mark.slow
 def test_ddp_resume_is_exact_with_stochastic_depth(tiny_voc, tmp_path):
     """2 ranks, drop-path on: 4 iterations = 2 + resume + 2, bit for bit (each rank's random state is saved);
     the ranks keep identical weights, log the same rank-averaged losses, and only rank 0 prints."""

@@ -262,6 +262,7 @@ def _ddp_worker(rank: int, init_file: str, out_file: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_all_reduce_sums_over_two_ranks(tmp_path: Path) -> None:
     torch.multiprocessing.spawn(
         _ddp_worker, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")), nprocs=2

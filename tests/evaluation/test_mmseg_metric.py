@@ -47,6 +47,7 @@ def test_mmseg_registry_metric_matches_iou_metric(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.asarray(im), pred)
 
 
+@pytest.mark.slow
 def test_evaluation_imports_without_mmseg() -> None:
     code = "import sys, wsss.evaluation.metrics; assert 'mmseg' not in sys.modules and 'mmengine' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from tools import infer as infer_cli
 from wsss.data.labels import labels_from_masks, save_labels
 from wsss.data.toy import TOY_CLASSES, make_toy_voc
 from wsss.engine.train import train
+from wsss.inference import runner
 from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.inference.sources import list_split
 from wsss.utils.fileio import read_mask
@@ -47,6 +50,7 @@ def make_input(root: Path, folder: Path) -> dict[str, str]:
     return layout
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(trained, tmp_path, capsys):
     root, ckpt = trained
     inp, out, gt = tmp_path / "in", tmp_path / "out", tmp_path / "gt"
@@ -98,6 +102,7 @@ def test_cli_end_to_end(trained, tmp_path, capsys):
     assert mask_file.stat().st_ino != stats[mask_file].st_ino  # rewritten (atomically, a new file)
 
 
+@pytest.mark.slow
 def test_batching_and_crf_change_nothing_unexpected(trained, tmp_path):
     """Batch size 3 on same-size and odd-size images gives the logits of batch size 1; CRF changes masks only."""
     root, ckpt = trained
@@ -174,3 +179,37 @@ def test_voc_root_with_split(trained, tmp_path, capsys):
     default = root.with_name(root.name + "_pred")
     assert sorted(p.name for p in (default / "masks").iterdir()) == ["val_00000.png", "val_00001.png"]
     assert infer_cli.main([str(ckpt), str(tmp_path / "nope"), "--no-progress"]) == 2
+
+
+def test_an_interrupted_run_keeps_every_image_label(trained, tmp_path, monkeypatch):
+    """Killed after its first mask, then re-run: image_labels.json and the gallery still list every image."""
+    root, ckpt = trained
+    inp, out = tmp_path / "in", tmp_path / "out"
+    layout = make_input(root, inp)
+    opts = InferenceOptions(scales=(1.0,), flip=False, gallery=True, progress=False, num_workers=0)
+    real_save_mask, saved = runner.save_mask, []
+
+    def killed_after_one(path, *args):
+        if saved:
+            raise KeyboardInterrupt  # as a SIGINT/SIGTERM lands mid-run
+        saved.append(path)
+        real_save_mask(path, *args)
+
+    monkeypatch.setattr(runner, "save_mask", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        run_inference(ckpt, inp, out, options=opts)
+    monkeypatch.setattr(runner, "save_mask", real_save_mask)
+    assert len(saved) == 1 and not (out / "image_labels.json").exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = saved[0].parent / f".x.png.{int(dead.stdout)}.q1w2e3r4.tmp"  # as a SIGKILL mid-write leaves it
+    stale.write_bytes(b"half a mask")
+
+    summary = run_inference(ckpt, inp, out, options=opts)
+    assert summary.existing == 1 and summary.done == 2
+    assert not stale.exists()
+    labels = json.loads((out / "image_labels.json").read_text())
+    assert set(labels["images"]) == set(layout) and labels["classes"] == list(TOY_CLASSES)
+    first = PurePosixPath(saved[0].relative_to(out / "masks")).with_suffix(".jpg").as_posix()
+    assert labels["images"][first]["cam_classes"]
+    (row,) = [line for line in (out / "index.html").read_text().splitlines() if line.startswith(f"<tr><td>{first}<")]
+    assert row.endswith(f"<td>{', '.join(labels['images'][first]['cam_classes'])}</td></tr>")  # its classes shown

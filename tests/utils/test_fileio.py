@@ -1,10 +1,21 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from PIL import Image
 
-from wsss.utils.fileio import atomic_write_text, read_image, read_mask, save_mask
+from wsss.utils.fileio import (
+    atomic_open,
+    atomic_write_text,
+    read_image,
+    read_mask,
+    remove_stale_temporaries,
+    save_mask,
+)
 
 
 def test_atomic_write_leaves_old_file_on_error(tmp_path):
@@ -89,3 +100,20 @@ def test_atomic_write_uses_normal_permissions(tmp_path):
     finally:
         os.umask(umask)
     assert (tmp_path / "p.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_stale_temporaries_are_told_from_live_ones(tmp_path):
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    (tmp_path / "sub").mkdir()
+    stale = [tmp_path / f".a.png.{dead}.abc_1234.tmp", tmp_path / "sub" / f".b.npy.{dead}.x.tmp"]
+    kept = [tmp_path / f".c.png.{os.getpid()}.zz.tmp", tmp_path / "d.tmp", tmp_path / ".e.png.tmp"]
+    for p in stale + kept:
+        p.write_bytes(b"x")
+    assert remove_stale_temporaries(tmp_path) == [stale[0]]
+    assert remove_stale_temporaries(tmp_path, recursive=True) == [stale[1]]
+    assert all(p.exists() for p in kept)
+    with atomic_open(tmp_path / "f.bin") as f:  # the name atomic_open gives is the one recognised
+        (name,) = [p.name for p in tmp_path.glob(".f.bin.*")]
+        assert name.startswith(f".f.bin.{os.getpid()}.") and name.endswith(".tmp")
+        f.write(b"y")
+    assert remove_stale_temporaries(tmp_path) == []

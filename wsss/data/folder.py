@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
-from wsss.utils.fileio import IMAGE_EXTENSIONS, read_image
+from wsss.utils.fileio import IMAGE_EXTENSIONS, read_image, regular_file_problem
 
 
 @dataclass
@@ -23,7 +23,9 @@ class Skipped:
 def scan_folder(root: str | Path) -> tuple[list[str], list[Skipped]]:
     """Relative paths of image files under ``root`` (recursive, sorted) and the other files skipped.
 
-    Hidden files and folders (name starting with '.') are ignored silently.
+    Hidden files and folders (name starting with '.') are ignored silently. Anything that is not a regular
+    file once symlinks are followed (a named pipe, a device, a socket, a broken link) is skipped with the
+    reason: reading a named pipe would block forever.
 
     Raises:
         FileNotFoundError: ``root`` is not a folder.
@@ -38,10 +40,17 @@ def scan_folder(root: str | Path) -> tuple[list[str], list[Skipped]]:
             if name.startswith("."):
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), root)
-            if Path(name).suffix.lower() in IMAGE_EXTENSIONS:
-                images.append(rel)
-            else:
+            if Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
                 skipped.append(Skipped(rel, f"not an image file (extension '{Path(name).suffix}')"))
+                continue
+            try:
+                not_regular = regular_file_problem(os.path.join(dirpath, name))
+            except OSError as err:
+                not_regular = f"cannot be read ({err.strerror})"
+            if not_regular:
+                skipped.append(Skipped(rel, not_regular))
+            else:
+                images.append(rel)
     return images, skipped
 
 

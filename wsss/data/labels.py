@@ -119,7 +119,8 @@ def load_labels(path: str | Path, classes: list[str]) -> dict[str, np.ndarray]:
 
     Raises:
         FileNotFoundError: The file is missing (the message says how to create it).
-        ValueError: The file was made for another class list, or is malformed.
+        ValueError: The file was made for another class list, or is malformed (an entry other than 0 or 1
+            included); the message names the file and the image id.
     """
     path = Path(path)
     if not path.is_file():
@@ -139,9 +140,18 @@ def load_labels(path: str | Path, classes: list[str]) -> dict[str, np.ndarray]:
             f"{path}: made for classes {stored}, but the config has {list(classes)}. "
             "Regenerate it with tools/make_cls_labels.py --classes, or fix data.classes."
         )
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: 'labels' must map image ids to lists; regenerate it with tools/make_cls_labels.py")
     labels = {}
     for key, vec in raw.items():
-        if len(vec) != len(classes) - 1:
-            raise ValueError(f"{path}: label of '{key}' has {len(vec)} entries, expected {len(classes) - 1}")
+        if not isinstance(vec, list) or len(vec) != len(classes) - 1:
+            count = f"{len(vec)} entries" if isinstance(vec, list) else f"a {type(vec).__name__}"
+            raise ValueError(f"{path}: label of '{key}' has {count}, expected a list of {len(classes) - 1}")
+        bad = [v for v in vec if type(v) is not int or v not in (0, 1)]  # bool, float, NaN, -1, 2 ...
+        if bad:
+            raise ValueError(
+                f"{path}: label of '{key}' holds {json.dumps(bad[0])}; only 0 and 1 are accepted (absent, present). "
+                "Fix the entry or regenerate the file with tools/make_cls_labels.py."
+            )
         labels[key] = np.asarray(vec, dtype=np.uint8)
     return labels

@@ -43,7 +43,7 @@ def read_sbd_mat(path: str | Path) -> np.ndarray:
     try:
         mat = loadmat(str(path), squeeze_me=True, struct_as_record=False)
         seg = np.asarray(mat["GTcls"].Segmentation)
-    except (OSError, ValueError, KeyError, AttributeError) as err:
+    except Exception as err:  # scipy raises MatReadError, IndexError, ValueError ... for corrupt files
         raise ValueError(f"{path}: not an SBD class .mat file with GTcls.Segmentation ({err})") from None
     if seg.ndim != 2:
         raise ValueError(f"{path}: GTcls.Segmentation has shape {seg.shape}, expected (H, W)")

@@ -95,6 +95,8 @@ _NUM_DISTRACTORS = (1, 4)
 _BACKGROUND_GRAIN = (3.0, 8.0)  # amplitude of the 4-10 px background noise
 _SUPERSAMPLE = 4
 _ID_PATTERN = re.compile(r"^(train|val)_\d{5}$")
+_IMAGE_DIRS = ("JPEGImages", "SegmentationClass", "Annotations")
+"""Per-image folders the generator writes (toy ids only)."""
 
 
 @dataclass
@@ -601,15 +603,19 @@ def make_toy_voc(
     num_val: int = 100,
     seed: int = 0,
     version: int = DEFAULT_TOY_VERSION,
+    overwrite: bool = False,
 ) -> Path:
     """Write toy set ``version`` in VOC layout into ``out_dir`` (see the module docstring) and return it.
 
     Idempotent: a complete dataset with the same parameters and version is left as it is. Otherwise the marker
     ``toy_meta.json`` is removed first and written last, so an interrupted run is redone next time;
     files of toy ids that the new parameters no longer use are deleted. Every file is written atomically.
+    A folder holding files the generator does not write (another dataset, a label file) is refused unless
+    ``overwrite``.
 
     Raises:
-        ValueError: ``num_train`` < 1 or ``num_val`` < 1, or ``version`` not in :data:`TOY_VERSIONS`.
+        ValueError: ``num_train`` < 1 or ``num_val`` < 1, ``version`` not in :data:`TOY_VERSIONS`, or
+            ``out_dir`` holds other files and ``overwrite`` is False.
     """
     if num_train < 1 or num_val < 1:
         raise ValueError(f"need at least one train and one val image, got {num_train=} {num_val=}")
@@ -617,6 +623,12 @@ def make_toy_voc(
     out_dir = Path(out_dir)
     if toy_voc_is_complete(out_dir, num_train, num_val, seed, version):
         return out_dir
+    foreign = _foreign_files(out_dir)
+    if foreign and not overwrite:
+        raise ValueError(
+            f"{out_dir} is not empty and holds files the toy generator did not write (e.g. {foreign[0]}); its "
+            "splits and classes.txt would be overwritten. Pick another folder, or pass --overwrite."
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / META_FILE).unlink(missing_ok=True)
 
@@ -632,7 +644,7 @@ def make_toy_voc(
             atomic_write_text(out_dir / "Annotations" / f"{image_id}.xml", xml_text)
 
     keep = {i for split in ids.values() for i in split}
-    for sub in ("JPEGImages", "SegmentationClass", "Annotations"):
+    for sub in _IMAGE_DIRS:
         for path in sorted((out_dir / sub).iterdir()):
             if _ID_PATTERN.match(path.stem) and path.stem not in keep:
                 path.unlink()
@@ -644,6 +656,27 @@ def make_toy_voc(
     atomic_write_text(out_dir / "classes.txt", "".join(f"{c}\n" for c in TOY_CLASSES))
     atomic_write_text(out_dir / META_FILE, json.dumps(_meta(num_train, num_val, seed, version), indent=2) + "\n")
     return out_dir
+
+
+def _foreign_files(out_dir: Path, limit: int = 3) -> list[Path]:
+    """Up to ``limit`` files under ``out_dir`` that :func:`make_toy_voc` does not write (paths relative to it)."""
+    own_top = {"classes.txt", META_FILE}
+    own_splits = {f"{split}.txt" for split in (*SPLITS, "trainval")}
+    foreign = []
+    for path in sorted(out_dir.rglob("*")) if out_dir.is_dir() else []:
+        rel = path.relative_to(out_dir)
+        own = (
+            path.is_dir()
+            or rel.name.startswith(".")
+            or (len(rel.parts) == 1 and rel.name in own_top)
+            or (len(rel.parts) == 2 and rel.parts[0] in _IMAGE_DIRS and _ID_PATTERN.match(path.stem) is not None)
+            or (rel.parent == Path("ImageSets/Segmentation") and rel.name in own_splits)
+        )
+        if not own:
+            foreign.append(rel)
+            if len(foreign) == limit:
+                break
+    return foreign
 
 
 def save_contact_sheet(root: str | Path, path: str | Path, ids: list[str], tile_height: int = 150) -> None:

@@ -10,6 +10,7 @@ Layout (any dataset with its own class list works the same way)::
 
 from __future__ import annotations
 
+import sys
 import zlib
 from pathlib import Path
 
@@ -52,6 +53,22 @@ def read_split(path: Path) -> list[str]:
     return ids
 
 
+def resolve_in_root(root: Path, name: str) -> Path:
+    """``name`` as given when absolute or existing, else relative to the dataset root."""
+    path = Path(name)
+    return path if path.is_absolute() or path.exists() else root / path
+
+
+def find_image(root: Path, image_id: str) -> Path | None:
+    """``root/JPEGImages/<image_id>`` with the first of :data:`IMAGE_SUFFIXES` that exists, or None. Any kind
+    of file counts (reading a named pipe then fails with its reason rather than "no image")."""
+    for ext in IMAGE_SUFFIXES:
+        path = root / "JPEGImages" / f"{image_id}{ext}"
+        if path.exists():
+            return path
+    return None
+
+
 def resolve_root(root: str | Path) -> Path:
     """Check the dataset root and its ``JPEGImages`` folder exist."""
     root = Path(root)
@@ -81,15 +98,10 @@ class _VOCBase(Dataset):
             )
 
     def _resolve(self, name: str) -> Path:
-        path = Path(name)
-        return path if path.is_absolute() or path.exists() else self.root / path
+        return resolve_in_root(self.root, name)
 
     def _find_image(self, image_id: str) -> Path | None:
-        for ext in IMAGE_SUFFIXES:
-            path = self.root / "JPEGImages" / f"{image_id}{ext}"
-            if path.is_file():
-                return path
-        return None
+        return find_image(self.root, image_id)
 
     def image_path(self, image_id: str) -> Path:
         return self._images[image_id]
@@ -122,6 +134,10 @@ class VOCClsDataset(_VOCBase):
 
     Augmentation is a pure function of ``(seed, epoch, index)``: set :attr:`epoch` each epoch and a
     resumed run sees exactly the crops an uninterrupted one would.
+
+    An image that fails to decode is skipped with a warning on stderr naming it: the next readable image of
+    the split takes its place (the same one every time). More than ``cfg.max_bad_images`` unreadable images
+    in one process raise ValueError.
     """
 
     def __init__(
@@ -145,10 +161,10 @@ class VOCClsDataset(_VOCBase):
         self.seed = seed
         self.epoch = 0
         self.with_mask = with_mask
+        self.bad: set[Path] = set()
 
     def __getitem__(self, index: int) -> dict:
-        image_id = self.ids[index]
-        image = read_image(self.image_path(image_id))
+        image_id, image = self._readable(index)
         mask = self.load_mask(image_id, image.shape[:2]) if self.with_mask else None
         seed = zlib.crc32(f"{self.seed}:{self.epoch}:{index}".encode())
         sample = self.augment(image, mask, seed)
@@ -161,6 +177,25 @@ class VOCClsDataset(_VOCBase):
         if self.with_mask:
             item["mask"] = torch.from_numpy(sample.mask.astype(np.int64))
         return item
+
+    def _readable(self, index: int) -> tuple[str, np.ndarray]:
+        """The id and decoded image at ``index``, or at the next index whose image decodes."""
+        for step in range(len(self.ids)):
+            image_id = self.ids[(index + step) % len(self.ids)]
+            path = self.image_path(image_id)
+            if path in self.bad:
+                continue
+            try:
+                return image_id, read_image(path)
+            except ValueError as err:
+                self.bad.add(path)
+                print(f"warning: skipping training image {err}", file=sys.stderr)
+                if len(self.bad) > self.cfg.max_bad_images:
+                    raise ValueError(
+                        f"{len(self.bad)} training images could not be read (more than data.max_bad_images = "
+                        f"{self.cfg.max_bad_images}), the last: {err}. Run tools/check_dataset.py to list them."
+                    ) from None
+        raise ValueError(f"no image of {self.split_file} can be read; run tools/check_dataset.py")
 
 
 class VOCSegDataset(_VOCBase):

@@ -39,7 +39,7 @@ def init_distributed(device: str | None = None) -> DistInfo:
     """
     use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
     if use_cuda and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but CUDA is not available; use --device cpu")
+        raise ValueError("--device cuda was asked for but CUDA is not available; use --device cpu")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))

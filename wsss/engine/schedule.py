@@ -76,8 +76,16 @@ class PolyWarmupScheduler(LRScheduler):
     def _get_closed_form_lr(self) -> list[float]:
         return self.get_lr()
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
+    def resume_at(self, step: int) -> None:
+        """Continue at iteration ``step`` on this scheduler's own schedule (the config's, not a checkpoint's):
+        the groups get that iteration's rates from their base rates. A resumed run with an unchanged config
+        gets exactly the rates of an uninterrupted one; a longer ``max_iters`` or another base rate applies.
+        """
+        self.last_epoch = step
         for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.resume_at(self.last_epoch)

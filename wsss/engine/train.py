@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,9 +25,10 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from wsss.config import Config, dump_config
+from wsss.data.check import check_dataset
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
-from wsss.engine.checkpoint import find_resume_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from wsss.engine.checkpoint import rng_state, save_checkpoint, set_rng_state
 from wsss.engine.distributed import (
     DistInfo,
     ResumableSampler,
@@ -36,11 +38,14 @@ from wsss.engine.distributed import (
     init_distributed,
 )
 from wsss.engine.optim import NonFiniteGuard, build_optimizer
+from wsss.engine.resume import config_changes, find_checkpoint, restore_training_state
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
 from wsss.engine.validate import ValResult, validate
+from wsss.engine.workdir import claim_work_dir
 from wsss.evaluation.metrics import format_table
 from wsss.models import WSSSModel, build_model
+from wsss.utils.lifetime import die_with_parent
 
 
 @dataclass
@@ -130,7 +135,11 @@ def iteration(
 
 
 def train(
-    cfg: Config, work_dir: str | Path | None = None, resume: str | bool | None = None, device: str | None = None
+    cfg: Config,
+    work_dir: str | Path | None = None,
+    resume: str | bool | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Train the model ``cfg`` describes.
 
@@ -138,19 +147,32 @@ def train(
         cfg: The resolved config.
         work_dir: Where checkpoints, the resolved config, logs and TensorBoard events go (default:
             ``cfg.work_dir``, else ``work_dirs/run``).
-        resume: A checkpoint path, or True for the work dir's newest checkpoint (a fresh start if none).
+        resume: A checkpoint path, or True for the work dir's newest valid checkpoint (a fresh start if none).
         device: ``cuda`` or ``cpu`` (default: CUDA when available).
+        overwrite: Start from scratch even if the work dir holds checkpoints (they are deleted).
 
     Raises:
+        WorkDirError: Another run holds the work dir, or it holds checkpoints and neither ``resume`` nor
+            ``overwrite`` is given (:mod:`wsss.engine.workdir`).
         wsss.engine.optim.NonFiniteLossError: A loss or gradient became NaN/inf; the updates from then on were
             skipped, and the last good checkpoint is left as it was.
     """
-    dist_info = init_distributed(device)
     work = Path(work_dir or cfg.work_dir or "work_dirs/run")
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 alone writes the work dir
+        return _train(cfg, work, resume, device)
+    with claim_work_dir(work, resume, overwrite):
+        return _train(cfg, work, resume, device)
+
+
+def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | None) -> TrainResult:
+    dist_info = init_distributed(device)
     cfg = dataclasses.replace(cfg, work_dir=str(work))
     torch.manual_seed(cfg.train.seed + dist_info.rank)
     np.random.seed(cfg.train.seed + dist_info.rank)
 
+    if cfg.data.check_images and (problems := check_dataset(cfg.data, progress=dist_info.is_main)):
+        listed = "; ".join(f"{p.path}: {p.reason}" for p in problems[:3])
+        raise ValueError(f"data.check_images: {len(problems)} problem(s) ({listed}); tools/check_dataset.py lists all")
     mean, std = backbone_mean_std(cfg.model.backbone)
     train_set = VOCClsDataset(cfg.data, mean, std, seed=cfg.train.seed)
     val_set = VOCSegDataset(cfg.data, mean, std)
@@ -160,20 +182,21 @@ def train(
     optimizer = build_optimizer(raw_model, optim)
     scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, optim.warmup_iters, optim.warmup_ratio, optim.power)
 
-    start = 0
-    ckpt_path = find_resume_checkpoint(work) if resume is True else (Path(resume) if resume else None)
-    if ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path, map_location=dist_info.device)
-        raw_model.load_state_dict(ckpt["model"], strict=True)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        start = int(ckpt["step"])
+    start, ckpt_path, changes = 0, None, []
+    found = find_checkpoint(work, resume, map_location=dist_info.device)
+    if found is not None:  # weights and moments from the checkpoint, the schedule from cfg (wsss/engine/resume.py)
+        ckpt_path, ckpt = found
+        start = restore_training_state(ckpt, ckpt_path, raw_model, optimizer, scheduler)
         _restore_rng(ckpt["rng"], dist_info, cfg.train.seed + start)
+        changes = config_changes(ckpt["config"], cfg)
     if dist_info.is_main:
         work.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, work / "config.py")
         if ckpt_path is not None:
             print(f"resuming from {ckpt_path} at iteration {start}")
+        if changes:
+            print(f"the config changed since that checkpoint ({'; '.join(changes)}); the new values apply, the "
+                  f"learning rate follows the new schedule from iteration {start}")  # fmt: skip
     model = _wrap(raw_model, dist_info)
     if cfg.train.compile:
         model = torch.compile(model)
@@ -187,6 +210,7 @@ def train(
         drop_last=True,
         pin_memory=dist_info.device.type == "cuda",
         generator=torch.Generator().manual_seed(cfg.train.seed),  # keeps the global RNG stream untouched
+        worker_init_fn=die_with_parent,
     )
     step = TrainingStep(cfg, mean, std, dist_info.device)
     guard = NonFiniteGuard(optimizer)

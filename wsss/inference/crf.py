@@ -20,6 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import numpy as np
 
 from wsss.config import CrfConfig
+from wsss.utils.lifetime import die_with_parent
 
 UNARY_CLIP = 1e-5
 """Probabilities are clipped to ``[UNARY_CLIP, 1]`` before the log (pydensecrf's ``unary_from_softmax``)."""
@@ -87,7 +88,9 @@ class CrfPool:
     milliseconds and inherit no running threads. ``fork`` is safe here because a job runs only numpy and
     pydensecrf (plain C++, no OpenMP), never torch. ``spawn`` (the default elsewhere) re-imports the
     caller's ``__main__`` in every worker, which costs seconds when it imports torch. Results are
-    bit-identical to a serial run (the CRF is deterministic).
+    bit-identical to a serial run (the CRF is deterministic). The workers die with the calling process
+    (:func:`wsss.utils.lifetime.die_with_parent`); leaving the ``with`` block on an exception kills the
+    running jobs instead of waiting for them.
 
     Args:
         cfg: CRF constants; ``cfg.workers`` processes unless ``workers`` is given.
@@ -111,7 +114,7 @@ class CrfPool:
             if start_method is None:
                 start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             context = multiprocessing.get_context(start_method)
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=context)
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=die_with_parent)
             for future in [self._executor.submit(_check_import) for _ in range(self.workers)]:
                 future.result()  # start the workers now (and check pydensecrf imports in them)
 
@@ -134,9 +137,13 @@ class CrfPool:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=exc[0] is not None)
-            self._executor = None
+        if self._executor is None:
+            return
+        if exc[0] is not None:  # interrupted (Ctrl-C, SIGTERM, an error): stop the running jobs too
+            for process in list(getattr(self._executor, "_processes", {}).values()):
+                process.kill()
+        self._executor.shutdown(wait=True, cancel_futures=exc[0] is not None)
+        self._executor = None
 
 
 def _check_import() -> None:

@@ -12,10 +12,13 @@ path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages`` (a VOC r
                           bilinear (align_corners=False) upsampling to (H, W) recovers the full map
     thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
     index.html            gallery: thumbnail, mask overlay, CAM (--gallery, which implies --overlay --cams)
-    image_labels.json     per image: the classes the classifier predicts present and those shown in the CAM
+    labels/<rel>.json     the image's classes: those the classifier predicts present, those shown in the CAM
+                          (written with the image's other outputs, so an interrupted run loses none)
+    image_labels.json     every image's labels/ entry in one file, merged at the end of each run
     run.json              the settings of the last run; summary.json: what it did
 
-``<rel>`` is the input's relative path with its extension replaced. Every file is written atomically.
+``<rel>`` is the input's relative path with its extension replaced. Every file is written atomically; the
+temporaries a killed run left behind are removed at the start of the next.
 An image whose requested outputs all exist is skipped (not even decoded) unless ``overwrite``.
 
 Batching (:mod:`wsss.inference.batching`): a batch holds images of one size. Each scale of a batch of
@@ -63,7 +66,8 @@ from wsss.inference.gallery import write_gallery
 from wsss.inference.sources import Source, inside, list_folder, list_split, output_paths
 from wsss.inference.visualize import cam_overlay, mask_overlay
 from wsss.models.tta import predicted_classes, tta_forward
-from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, remove_stale_temporaries, save_image, save_mask
+from wsss.utils.lifetime import die_with_parent
 
 THUMB_SIZE = 256
 
@@ -113,7 +117,7 @@ class InferenceOptions:
 
     def kinds(self) -> list[str]:
         """Output kinds this run writes for every image."""
-        kinds = ["masks"]
+        kinds = ["masks", "labels"]
         kinds += ["overlays"] if self.overlay or self.gallery else []
         kinds += ["cams"] if self.cams or self.gallery else []
         kinds += ["logits"] if self.logits else []
@@ -220,6 +224,7 @@ def run_inference(
         sources, skipped = list_folder(input_path, exclude=output)
 
     output.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(output, recursive=True)  # of killed runs; a live run's are kept
     summary = InferenceSummary(output=output, skipped=skipped)
     settings = {
         "checkpoint": os.path.realpath(checkpoint),
@@ -251,7 +256,7 @@ def run_inference(
         loop.run(todo)
         summary.seconds = time.perf_counter() - tic
     finished += loop.finished
-    labels = _update_labels_file(output, loop.labels, ckpt["classes"], cfg.infer.cls_thresh)
+    labels = _update_labels_file(output, finished, ckpt["classes"], cfg.infer.cls_thresh)
     if opts.gallery:
         shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
         write_gallery(output, shown, labels, cfg.infer.cls_thresh)
@@ -301,17 +306,18 @@ def _check_previous_settings(output: Path, settings: dict, summary: InferenceSum
         )
 
 
-def _update_labels_file(output: Path, new: dict[str, dict], classes: list[str], threshold: float) -> dict[str, dict]:
-    """Merge this run's image-level predictions into ``output/image_labels.json``; return all of them."""
-    path = output / "image_labels.json"
+def _update_labels_file(output: Path, finished: list[str], classes: list[str], threshold: float) -> dict[str, dict]:
+    """Merge the ``labels/`` entries of the finished images made for ``classes`` into ``output/image_labels.json``;
+    return them."""
     images: dict[str, dict] = {}
-    try:
-        old = json.loads(path.read_text())
-        if old.get("classes") == list(classes):
-            images = dict(old.get("images", {}))
-    except (OSError, ValueError, AttributeError):
-        pass
-    images.update(new)
+    for rel in finished:
+        try:
+            entry = json.loads(output_paths(output, rel, ["labels"])["labels"].read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and entry.pop("classes", None) == list(classes):
+            images[rel] = entry
+    path = output / "image_labels.json"
     payload = {"classes": list(classes), "threshold": threshold, "images": dict(sorted(images.items()))}
     atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
     return images
@@ -364,7 +370,6 @@ class _InferenceLoop:
         self.device = next(setup.model.parameters()).device
         self.palette = voc_palette()
         self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, Future]] = deque()
-        self.labels: dict[str, dict] = {}
         self.finished: list[str] = []
         self.bar = None
 
@@ -374,6 +379,7 @@ class _InferenceLoop:
             batch_size=None,
             num_workers=self.setup.num_workers if len(todo) > 1 else 0,
             collate_fn=identity,
+            worker_init_fn=die_with_parent,
         )
         buckets = SizeBuckets(self.setup.batch_size)
         self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.setup.progress)
@@ -401,11 +407,13 @@ class _InferenceLoop:
             shown, top1 = predicted_classes(out.cls_logits[i], setup.cls_thresh)
             present = out.cls_logits[i].sigmoid() > setup.cls_thresh
             names = setup.classes[1:]
-            self.labels[src.rel] = {
+            entry = {
+                "classes": setup.classes,
                 "present": [n for n, p in zip(names, present.tolist(), strict=True) if p],
                 "cam_classes": [n for n, p in zip(names, shown.tolist(), strict=True) if p],
                 "top1_fallback": top1,
             }
+            atomic_write_text(paths["labels"], json.dumps(entry) + "\n")  # before the mask, which marks it done
             if "logits" in paths:
                 _save_npy(paths["logits"], downscale_logits(seg, setup.logits_stride))
             if "cams" in paths:

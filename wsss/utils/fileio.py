@@ -1,13 +1,17 @@
 """File I/O shared by every stage: atomic writes, robust image reading, mask PNGs.
 
 Everything written goes to a temporary file in the destination folder and is renamed into place, so an
-interrupted run never leaves a half-written output or checkpoint.
+interrupted run never leaves a half-written output or checkpoint. The temporary file's name
+(``.<name>.<pid>.<random>.tmp``) holds the writer's process id, so the temporaries a killed run left behind
+are told apart from those of a live one (:func:`remove_stale_temporaries`).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,13 +23,16 @@ from PIL import Image, ImageOps
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
+_TEMPORARY = re.compile(r"\..+\.(\d+)\.[^.]+\.tmp")
+"""Name of an :func:`atomic_open` temporary; group 1 is the writer's process id."""
+
 
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary file beside ``path``; on success rename it onto ``path``, on error delete it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give outputs the usual permissions
@@ -38,6 +45,41 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[Any]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_stale_temporaries(folder: str | Path, recursive: bool = False) -> list[Path]:
+    """Delete the :func:`atomic_open` temporaries under ``folder`` whose writer process is gone (a killed run's).
+
+    Args:
+        folder: Where to look (a missing folder holds none).
+        recursive: Also look in subfolders (symlinked folders are not entered).
+
+    Returns:
+        The deleted files.
+    """
+    removed = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        if not recursive:
+            dirnames.clear()
+        for name in filenames:
+            match = _TEMPORARY.fullmatch(name)
+            if match and not _process_alive(int(match.group(1))):
+                path = Path(dirpath) / name
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -60,15 +102,40 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def regular_file_problem(path: str | Path) -> str | None:
+    """None if ``path`` (symlinks followed) is a regular file, else why not: ``not a regular file (named
+    pipe)`` and the like. Opening a named pipe blocks until a writer comes, so readers check first.
+
+    Raises:
+        OSError: ``path`` cannot be examined (missing, broken link, no permission).
+    """
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {stat.S_ISFIFO: "named pipe", stat.S_ISDIR: "folder", stat.S_ISSOCK: "socket",
+             stat.S_ISCHR: "character device", stat.S_ISBLK: "block device"}  # fmt: skip
+    kind = next((name for test, name in kinds.items() if test(mode)), "special file")
+    return f"not a regular file ({kind})"
+
+
 def read_image(path: str | Path) -> np.ndarray:
     """Read any image as (H, W, 3) uint8 RGB, with its EXIF orientation applied.
 
     Grayscale, palette, RGBA (composited on black) and 16-bit images are converted.
 
     Raises:
-        ValueError: The file is missing, not an image, or truncated; the message names the path.
+        ValueError: The file is missing, not a regular file, not an image, or truncated; the message names
+            the path.
     """
     path = Path(path)
+    try:
+        problem = regular_file_problem(path)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: file not found") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     try:
         with Image.open(path) as im:
             im.load()

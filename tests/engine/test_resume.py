@@ -1,0 +1,70 @@
+"""Resume: weights and moments from the checkpoint, the learning-rate schedule from the current config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_config
+from wsss.engine.checkpoint import load_checkpoint
+from wsss.engine.resume import config_changes, restore_training_state
+from wsss.engine.schedule import PolyWarmupScheduler, lr_factor
+from wsss.engine.train import train
+from wsss.models import build_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _optimizer_for(cfg):
+    """Model, AdamW and scheduler built from ``cfg`` as the training loop builds them."""
+    model = build_model(cfg.model, num_classes=3)
+    o = cfg.optim
+    groups = model.param_groups(o.lr, o.head_lr_mult, o.weight_decay, o.no_decay_1d)
+    optimizer = torch.optim.AdamW(groups, betas=o.betas)
+    scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
+    return model, optimizer, scheduler
+
+
+def _rates(optimizer) -> dict[str, float]:
+    return {g["name"]: g["lr"] for g in optimizer.param_groups}
+
+
+def test_extending_a_finished_run_follows_the_new_schedule(tiny_voc, tmp_path, capsys):
+    work = tmp_path / "w"
+    train(tiny_config(tiny_voc, max_iters=4, ckpt_interval=4), work_dir=work, device="cpu")
+    longer = tiny_config(tiny_voc, max_iters=8, ckpt_interval=4)
+    res = train(longer, work_dir=work, resume=True, device="cpu")
+    assert res.step == 8
+    out = capsys.readouterr().out
+    assert "train.max_iters: 4 -> 8" in out and "new schedule from iteration 4" in out
+    a, b = load_checkpoint(work / "iter_4.pth"), load_checkpoint(work / "iter_8.pth")
+    params = {name for name, _ in res.model.named_parameters()}
+    moved = [k for k in params if not torch.equal(a["model"][k], b["model"][k])]
+    assert len(moved) > len(params) // 2  # at lr 0 (the old scheduler's end) nothing would move
+
+    # The rates right after resuming are those of the new config at iteration 4.
+    model, optimizer, scheduler = _optimizer_for(longer)
+    assert restore_training_state(a, work / "iter_4.pth", model, optimizer, scheduler) == 4
+    o = longer.optim
+    factor = lr_factor(4, 8, o.warmup_iters, o.warmup_ratio, o.power)
+    assert factor > 0.5
+    assert factor * o.lr == pytest.approx(_rates(optimizer)["backbone"])
+    assert factor * o.lr * o.head_lr_mult == pytest.approx(_rates(optimizer)["heads"])
+
+
+def test_a_changed_learning_rate_applies_on_resume(tiny_voc, tmp_path):
+    work = tmp_path / "w"
+    train(tiny_config(tiny_voc, max_iters=6), work_dir=work, device="cpu")
+    ckpt = load_checkpoint(work / "iter_3.pth")
+    cfg = tiny_config(tiny_voc, max_iters=6)
+    cfg.optim.lr, cfg.optim.weight_decay = 3e-4, 0.05
+    model, optimizer, scheduler = _optimizer_for(cfg)
+    restore_training_state(ckpt, work / "iter_3.pth", model, optimizer, scheduler)
+    factor = lr_factor(3, 6, cfg.optim.warmup_iters, cfg.optim.warmup_ratio, cfg.optim.power)
+    assert _rates(optimizer)["backbone"] == pytest.approx(3e-4 * factor)
+    assert _rates(optimizer)["heads"] == pytest.approx(3e-4 * cfg.optim.head_lr_mult * factor)
+    assert {g["weight_decay"] for g in optimizer.param_groups} == {0.05}
+    # the moments do come from the checkpoint
+    state = next(iter(optimizer.state.values()))
+    assert int(state["step"]) == 3 and state["exp_avg"].abs().sum() > 0
+    assert config_changes(ckpt["config"], cfg) == ["optim.lr: 0.001 -> 0.0003", "optim.weight_decay: 0.01 -> 0.05"]
