@@ -217,6 +217,9 @@ class InferConfig:
     """A class counts as present (its CAM is drawn) when its classifier sigmoid exceeds this."""
     logits_stride: int = 4
     """Saved logits (``--logits``) are downscaled by this factor."""
+    max_size: int | None = None
+    """Longest image side the model sees; larger images are downscaled for the model and their masks brought back
+    to the original size. None: every image at its own size."""
     crf: CrfConfig = field(default_factory=CrfConfig)
 
 
