@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 from wsss.config import DataConfig
 from wsss.data.classes import load_classes
-from wsss.data.labels import check_mask_values, load_labels
+from wsss.data.labels import check_mask_values, load_labels, under_root
 from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels
 from wsss.data.transforms import TrainAugment, normalize
 from wsss.utils.fileio import IMAGE_EXTENSIONS, read_image, read_mask
@@ -103,8 +103,7 @@ class _VOCBase(Dataset):
             )
 
     def _resolve(self, name: str) -> Path:
-        path = Path(name)
-        return path if path.is_absolute() or path.exists() else self.root / path
+        return under_root(self.root, name)
 
     def _find_image(self, image_id: str) -> Path | None:
         base = self.root / self.cfg.image_dir
