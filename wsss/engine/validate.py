@@ -27,7 +27,7 @@ from wsss.pseudo_label import pseudo_labels
 
 @dataclass
 class ValResult:
-    """mIoU (percent) of each branch, or classification mAP and F1 without masks, and pictures of the first images."""
+    """mIoU (percent) of each branch (classification mAP and F1 without masks), pictures of the first images."""
 
     metrics: dict[str, float]
     tables: dict[str, SegMetrics] = field(default_factory=dict)
@@ -74,9 +74,7 @@ def validate(
         gt = batch["mask"][0].to(device)
         labels = labels_from_mask(gt, num_classes)[None]
         size = tuple(gt.shape)
-        if cfg.train.val_input == "crop":
-            crop = (cfg.data.crop_size, cfg.data.crop_size)
-            image = F.interpolate(image, size=crop, mode="bilinear", align_corners=False)
+        image = _model_input(image, cfg)
         crop_size = tuple(image.shape[-2:])  # CAMs are already pixels (stride 1); the seg logits are tokens
         cam = maps_to_pixels(multiscale_cam(model.cam, image, labels, cfg.cam.scales), crop_size, 1, size)
         aux_cam = multiscale_cam(lambda x: model.cam(x, aux=True), image, labels, cfg.cam.scales)
@@ -111,6 +109,13 @@ def validate(
     return ValResult(metrics=metrics, tables=tables, pictures=pictures)
 
 
+def _model_input(image: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """(1, 3, H, W) -> what the model sees: resized to the crop squared when ``train.val_input == "crop"``."""
+    if cfg.train.val_input != "crop":
+        return image
+    crop = (cfg.data.crop_size, cfg.data.crop_size)
+    return F.interpolate(image, size=crop, mode="bilinear", align_corners=False)
+
 
 def _shard_loader(dataset, total: int, cfg: Config) -> tuple[int, DataLoader]:
     """This rank and a loader over its share (every ``world_size``-th) of the first ``total`` images."""
@@ -138,9 +143,10 @@ def validate_tags(
     num_pictures: int = 4,
 ) -> ValResult:
     """Validate on images that have tags and no mask: classification mAP and F1 of the final classifier
-    (at ``cfg.infer.cls_thresh``) against the tags, and pictures of the first images (the image, the CAMs of
-    its tagged classes, the segmentation). Segmentation mIoU cannot be measured; :data:`MASKS_NEEDED` says so
-    in ``ValResult.notes``. Under ``torchrun`` every rank scores its share and the scores are gathered.
+    (at ``cfg.infer.cls_thresh``; the input sized as ``cfg.train.val_input`` says) against the tags, and
+    pictures of the first images (the image, the CAMs of its tagged classes, the segmentation). Segmentation
+    mIoU cannot be measured; :data:`MASKS_NEEDED` says so in ``ValResult.notes``. Under ``torchrun`` every
+    rank scores its share and the scores are gathered.
     """
     was_training = model.training
     model.eval()
@@ -148,15 +154,15 @@ def validate_tags(
     rank, loader = _shard_loader(dataset, total, cfg)
     probs, targets, pictures = [], [], {}
     for i, batch in enumerate(tqdm(loader, desc="val", leave=False, dynamic_ncols=True, disable=rank > 0)):
-        image = batch["image"][0][None].to(device)
+        image = _model_input(batch["image"][0][None].to(device), cfg)
         out = model(image)
         probs.append(out.logits.float().sigmoid()[0].cpu())
         targets.append(batch["label"][0])
         if rank == 0 and i < num_pictures:
             raw, labels = batch["raw"][0], batch["label"][0][None].to(device)
-            size = tuple(raw.shape[:2])
-            cam = maps_to_pixels(multiscale_cam(model.cam, image, labels, cfg.cam.scales), size, 1, size)
-            seg = maps_to_pixels(out.seg, size, model.stride, size).argmax(dim=1)
+            size, seen = tuple(raw.shape[:2]), tuple(image.shape[-2:])
+            cam = maps_to_pixels(multiscale_cam(model.cam, image, labels, cfg.cam.scales), seen, 1, size)
+            seg = maps_to_pixels(out.seg, seen, model.stride, size).argmax(dim=1)
             cams = cam_overlay(raw, cam[0][labels[0] > 0].cpu().numpy())
             pictures[str(batch["id"][0])] = np.concatenate([raw, cams, mask_overlay(raw, seg[0].cpu().numpy())], axis=1)
     if was_training:
