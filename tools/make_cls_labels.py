@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from wsss.config import ConfigError, DataConfig, load_config
-from wsss.data.classes import VOC_CLASSES, load_classes
+from wsss.data.classes import load_classes
 from wsss.data.labels import make_label_file, under_root
 
 
@@ -28,14 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mask-dir", help="mask folder under ROOT (default: the config's, else found)")
     parser.add_argument("--out", type=Path, help="output file (default: data.label_file, ROOT/cls_labels.json)")
     args = parser.parse_args(argv)
+    if args.root is None and args.config is None:
+        parser.error("give the dataset ROOT or --config")
     try:
-        data = load_config(args.config).data if args.config else DataConfig(classes=list(VOC_CLASSES), mask_dir="")
+        # without a config: the 21 VOC classes, ROOT/cls_labels.json, the mask folder found under ROOT
+        data = load_config(args.config).data if args.config else DataConfig(mask_dir="")
         if data.layout == "tags":
             raise ValueError(f"{args.config} uses the tags layout: training reads its tags file, no label file is made")
-        root = args.root or (Path(data.root) if args.config else None)
-        if root is None:
-            parser.error("give the dataset ROOT or --config")
+        root = args.root or Path(data.root)
         classes = args.classes or data.classes
+        if classes is None:
+            raise ValueError(f"{args.config}: data.classes is unset; give --classes FILE")
         classes = load_classes(under_root(root, classes) if isinstance(classes, str) else classes)
         out = args.out or under_root(root, data.label_file)
         count, folder = make_label_file(root, args.source, classes, out, args.mask_dir or data.mask_dir or None,
