@@ -16,7 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from wsss.config import Config, from_dict  # noqa: E402
+from wsss.config import Config, DataConfig, from_dict, to_dict  # noqa: E402
 from wsss.data.classes import voc_palette  # noqa: E402
 from wsss.data.labels import labels_from_masks, save_labels  # noqa: E402
 from wsss.utils.fileio import save_image, save_mask  # noqa: E402
@@ -106,3 +106,29 @@ def tiny_config(root: Path, **train_kw) -> Config:
                       **train_kw},
         },
     )  # fmt: skip
+
+
+@pytest.fixture
+def tiny_tagged(tiny_voc: Path, tmp_path: Path) -> Path:
+    """The tiny images in nested folders with a hand-written tags.csv and no mask, no split, no class list."""
+    root = tmp_path / "photos"
+    tags = {"a1": "cat", "a2": "dog", "b1": "cat;dog", "b2": ""}
+    rows = ["image,tags"]
+    for k in range(3):  # 12 images, so that both hash parts of val_fraction 0.3 hold some
+        for image_id, names in tags.items():
+            rel = f"set{k}/{'pets/' if k else ''}{image_id}.jpg"
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes((tiny_voc / "JPEGImages" / f"{image_id}.jpg").read_bytes())
+            rows.append(f"{rel},{names.replace(';', ' ') if k == 1 else names}")
+    (root / "tags.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def tiny_tagged_config(root: Path, **train_kw) -> Config:
+    """:func:`tiny_config` on the tags layout of :func:`tiny_tagged`."""
+    cfg = tiny_config(root, **train_kw)
+    cfg.data = from_dict(DataConfig, {
+        **to_dict(cfg)["data"], "layout": "tags", "image_dir": ".", "label_file": "tags.csv", "classes": None,
+        "train_split": "train", "val_split": "val", "val_fraction": 0.3,
+    })  # fmt: skip
+    return cfg

@@ -1,7 +1,7 @@
 """Predict segmentation masks for a folder of images (recursive) or a VOC split, from a checkpoint alone.
 
     python tools/infer.py CHECKPOINT INPUT [OUTPUT] [--scales 1.0 1.25 1.5] [--flip/--no-flip] [--crf]
-        [--overlay] [--cams] [--logits] [--gallery] [--split FILE] [--batch-size N] [--device cuda|cpu]
+        [--overlay] [--cams] [--logits] [--gallery] [--split FILE] [--max-size PX] [--batch-size N] [--device cuda|cpu]
         [--overwrite]
 
 INPUT is a folder (every image under it) or, with --split NAME|FILE, a VOC-layout root whose JPEGImages
@@ -9,8 +9,9 @@ holds the split's images. OUTPUT defaults to INPUT_pred beside INPUT. Outputs mi
 paths: masks/ (palette PNG, class indices), overlays/, cams/ (JPEG), logits/ (float16 .npy at 1/4 size),
 index.html (--gallery); see wsss/inference/runner.py for the layout. Re-running skips images whose outputs all
 exist (--overwrite redoes them). Unreadable files and unsafe paths are skipped and listed in the summary;
-the exit status is still 0 (1 when no image could be processed). Scales, flip and CRF constants default
-to the checkpoint's config (infer.*).
+the exit status is still 0 (1 when no image could be processed). Scales, flip, max size and CRF constants
+default to the checkpoint's config (infer.*). It runs wsss.inference.predictor.Segmenter, the Python predictor;
+CHECKPOINT may also be a tools/export.py --safetensors export.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cams", action="store_true", help="write CAM heatmaps of the predicted classes")
     parser.add_argument("--logits", action="store_true", help="write 1/4-size float16 logits (.npy)")
     parser.add_argument("--gallery", action="store_true", help="write index.html (implies --overlay --cams)")
+    parser.add_argument("--max-size", type=int, help="longest side the model sees (default: infer.max_size)")
     parser.add_argument("--batch-size", type=int, default=1, help="same-size images per forward batch")
     parser.add_argument("--workers", type=int, default=2, help="image decoding processes")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         overwrite=args.overwrite,
         num_workers=args.workers,
         crf_workers=args.crf_workers,
+        max_size=args.max_size,
         progress=not args.no_progress,
     )
     try:

@@ -1,6 +1,11 @@
 """Write the image-level label file of a VOC-layout dataset from its XML annotations or its masks.
 
-    python tools/make_cls_labels.py VOC_ROOT [--source xml|masks] [--classes FILE] [--out FILE]
+    python tools/make_cls_labels.py --config CONFIG [--source xml|masks]
+    python tools/make_cls_labels.py ROOT [--source xml|masks] [--classes FILE] [--mask-dir DIR] [--out FILE]
+
+With --config, the root, the classes, the mask folder and the label file are the config's data.* values (the
+options given beside it win). With --source masks and no mask folder named (or the named one missing), the
+first of SegmentationClassAug/ and SegmentationClass/ that holds PNGs is used.
 """
 
 from __future__ import annotations
@@ -9,31 +14,39 @@ import argparse
 import sys
 from pathlib import Path
 
-from wsss.data.classes import VOC_CLASSES, load_classes
-from wsss.data.labels import labels_from_masks, labels_from_xml, save_labels
+from wsss.config import ConfigError, DataConfig, load_config
+from wsss.data.classes import load_classes
+from wsss.data.labels import make_label_file, under_root
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("root", type=Path, help="dataset root (holds Annotations/ or the mask folder)")
+    parser.add_argument("root", type=Path, nargs="?", help="dataset root (default: the config's data.root)")
+    parser.add_argument("--config", help="read data.root, classes, mask_dir and label_file from this config")
     parser.add_argument("--source", choices=("xml", "masks"), default="xml")
-    parser.add_argument("--classes", help="class list file, background first (default: the 21 VOC classes)")
-    parser.add_argument("--mask-dir", default="SegmentationClassAug", help="mask folder for --source masks")
-    parser.add_argument("--out", type=Path, help="output file (default: ROOT/cls_labels.json)")
+    parser.add_argument("--classes", help="class list file, background first (default: the config's, else VOC's)")
+    parser.add_argument("--mask-dir", help="mask folder under ROOT (default: the config's, else found)")
+    parser.add_argument("--out", type=Path, help="output file (default: data.label_file, ROOT/cls_labels.json)")
     args = parser.parse_args(argv)
-
-    out = args.out or args.root / "cls_labels.json"
+    if args.root is None and args.config is None:
+        parser.error("give the dataset ROOT or --config")
     try:
-        classes = load_classes(args.classes) if args.classes else list(VOC_CLASSES)
-        if args.source == "xml":
-            labels = labels_from_xml(args.root / "Annotations", classes)
-        else:
-            labels = labels_from_masks(args.root / args.mask_dir, len(classes))
-        save_labels(out, labels, classes)
-    except (FileNotFoundError, ValueError) as err:
+        # without a config: the 21 VOC classes, ROOT/cls_labels.json, the mask folder found under ROOT
+        data = load_config(args.config).data if args.config else DataConfig(mask_dir="")
+        if data.layout == "tags":
+            raise ValueError(f"{args.config} uses the tags layout: training reads its tags file, no label file is made")
+        root = args.root or Path(data.root)
+        classes = args.classes or data.classes
+        if classes is None:
+            raise ValueError(f"{args.config}: data.classes is unset; give --classes FILE")
+        classes = load_classes(under_root(root, classes) if isinstance(classes, str) else classes)
+        out = args.out or under_root(root, data.label_file)
+        count, folder = make_label_file(root, args.source, classes, out, args.mask_dir or data.mask_dir or None,
+                                        data.ignore_index)  # fmt: skip
+    except (FileNotFoundError, ValueError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote labels of {len(labels)} images over {len(classes) - 1} foreground classes to {out}")
+    print(f"wrote labels of {count} images over {len(classes) - 1} foreground classes (from {folder}) to {out}")
     return 0
 
 

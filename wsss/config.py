@@ -50,14 +50,22 @@ class DataConfig:
     """Dataset layout and training augmentation."""
 
     root: str = "data/VOCdevkit/VOC2012"
-    classes: list[str] | str = field(default_factory=lambda: list(VOC_CLASSES))
-    """Class names with background first, or a text file with one name per line."""
+    layout: str = choice("voc", "tags")
+    """``voc``: ids from split files, labels from ``tools/make_cls_labels.py``, masks for validation;
+    ``tags``: ids and labels from a hand-written tags file (``label_file``, see :mod:`wsss.data.tags`), no masks."""
+    image_dir: str = "JPEGImages"
+    """Image folder under root; ids are paths relative to it (any nesting), with or without the extension."""
+    classes: list[str] | str | None = field(default_factory=lambda: list(VOC_CLASSES))
+    """Class names with background first, or a text file with one name per line; None: the tags file's."""
     train_split: str = "train_aug"
     """A split name (``ImageSets/Segmentation/<name>.txt`` under root) or a path to a split file."""
     val_split: str = "val"
     mask_dir: str = "SegmentationClassAug"
     label_file: str = "cls_labels.json"
-    """Image-level labels written by ``tools/make_cls_labels.py`` (relative to root, or absolute)."""
+    """Image-level labels written by ``tools/make_cls_labels.py``, or the tags file of the ``tags`` layout
+    (relative to root, or absolute)."""
+    val_fraction: float = 0.1
+    """``tags`` layout: share of the tagged images held out as the ``val`` split (by a hash of the path)."""
     ignore_index: int = 255
     crop_size: int = 448
     scale_range: tuple[float, float] = (0.5, 2.0)
@@ -243,6 +251,9 @@ class InferConfig:
     """A class counts as present (its CAM is drawn) when its classifier sigmoid exceeds this."""
     logits_stride: int = 4
     """Saved logits (``--logits``) are downscaled by this factor."""
+    max_size: int | None = None
+    """Longest image side the model sees; larger images are downscaled for the model and their masks brought back
+    to the original size. None: every image at its own size."""
     crf: CrfConfig = field(default_factory=CrfConfig)
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -85,3 +86,38 @@ def test_label_values_other_than_0_and_1_are_refused(tmp_path, bad):
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert make_cls_labels.main([str(tmp_path), "--out", str(tmp_path / "l.json")]) == 2
     assert capsys.readouterr().err.startswith("error: no annotation XML files in")
+
+def test_cli_masks_finds_segmentation_class(tiny_voc, tmp_path, capsys):
+    """A VOC-style set with SegmentationClass/ only: --source masks without --mask-dir used to look only in
+    SegmentationClassAug/ and fail."""
+    out = tmp_path / "labels.json"
+    argv = [str(tiny_voc), "--source", "masks", "--classes", str(tiny_voc / "classes.txt"), "--out", str(out)]
+    assert make_cls_labels.main(argv) == 0
+    assert f"from {tiny_voc / 'SegmentationClass'}" in capsys.readouterr().out
+    assert json.loads(out.read_text())["labels"]["b1"] == [1, 1]
+    aug = tiny_voc / "SegmentationClassAug"  # when both exist, the augmented set is preferred
+    aug.mkdir()
+    shutil.copy(tiny_voc / "SegmentationClass" / "a1.png", aug / "a1.png")
+    assert make_cls_labels.main(argv) == 0
+    assert list(json.loads(out.read_text())["labels"]) == ["a1"]
+    shutil.rmtree(aug)
+    shutil.rmtree(tiny_voc / "SegmentationClass")
+    assert make_cls_labels.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: no mask PNG files in" in err and "SegmentationClassAug" in err and "--mask-dir" in err
+
+
+def test_cli_reads_the_config(tiny_voc, tmp_path, capsys):
+    config = tmp_path / "cfg.py"
+    config.write_text(
+        f"data = dict(root={str(tiny_voc)!r}, classes='classes.txt', mask_dir='SegmentationClass', "
+        "label_file='made.json')\n"
+    )
+    assert make_cls_labels.main(["--config", str(config), "--source", "masks"]) == 0
+    payload = json.loads((tiny_voc / "made.json").read_text())
+    assert payload["classes"] == TINY_CLASSES and payload["labels"]["a2"] == [0, 1]
+    assert make_cls_labels.main(["--config", str(config)]) == 0  # XML, same classes, same labels
+    assert json.loads((tiny_voc / "made.json").read_text()) == payload
+    config.write_text(f"data = dict(root={str(tiny_voc)!r}, layout='tags', label_file='tags.csv')\n")
+    assert make_cls_labels.main(["--config", str(config)]) == 2
+    assert "tags layout" in capsys.readouterr().err

@@ -154,3 +154,28 @@ def test_ddp_resume_is_exact_with_stochastic_depth(tiny_voc, tmp_path):
         assert torch.equal(full["model"][k], resumed["model"][k]), k
     assert proc.stdout.count("final val:") == 1 and proc.stdout.count("checkpoint:") == 1, proc.stdout
     assert proc.stdout.count("resuming from") == 1
+
+
+def test_cli_trains_on_tagged_images_without_masks(tiny_tagged, tmp_path, capsys):
+    """The README's "Train on your own tagged images": the shipped config, a folder and its tags.csv, no code."""
+    options = [
+        f"data.root={tiny_tagged}", "data.val_fraction=0.3", "data.crop_size=32", "data.num_workers=0",
+        "model.backbone=vit_tiny_patch16_224", "model.pretrained=", "model.backbone_kwargs.depth=3",
+        "model.backbone_kwargs.embed_dim=32", "model.backbone_kwargs.num_heads=2", "model.backbone_kwargs.patch_size=8",
+        "model.decoder_channels=16", "model.aux_layer=-2", "cam.scales=[1.0]", "par.num_iter=2", "par.dilations=[1,2]",
+        "loss.seg_start_iter=1", "optim.warmup_iters=1", "train.max_iters=2", "train.batch_size=2",
+        "train.log_interval=1", "train.val_interval=2", "train.ckpt_interval=2",
+    ]  # fmt: skip
+    argv = [str(REPO / "configs" / "tagged_centered.py"), "--work-dir", str(tmp_path / "w"), "--device", "cpu"]
+    assert train_cli.main(argv + ["--cfg-options", *options]) == 0
+    out = capsys.readouterr().out
+    assert "cls_mAP" in out and "cls_F1" in out and "mIoU" not in out.split("final val:")[-1]
+    assert "note: segmentation mIoU needs masks" in out
+    ckpt = load_checkpoint(tmp_path / "w" / "iter_2.pth")
+    assert ckpt["classes"] == ["background", "cat", "dog"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "w" / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    assert {"val/cls_mAP", "val/cls_F1"} <= set(events.Tags()["scalars"])
+    assert len(events.Tags()["images"]) == 4  # image, CAMs of its tags, segmentation: the 4 val images

@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, tiny_tagged_config
 from wsss.data.transforms import backbone_mean_std
-from wsss.data.voc import VOCSegDataset
-from wsss.engine.validate import validate
+from wsss.data.voc import TaggedValDataset, VOCSegDataset, val_dataset
+from wsss.engine.validate import MASKS_NEEDED, validate
+from wsss.evaluation.classification import multilabel_scores
 from wsss.models import build_model, maps_to_pixels
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,3 +61,31 @@ def test_validation_input_size(tiny_voc, mode):
     if mode == "crop":
         assert set(sizes) == {(crop, crop), (crop // 2, crop // 2)}
     assert result.metrics["seg_mIoU"] == pytest.approx(seg_miou(preds, gts, 3), abs=0.006)  # reported to 2 decimals
+
+
+@pytest.mark.parametrize("mode", ["crop", "original"])
+def test_tag_only_validation_scores_the_classifier(tiny_tagged, mode):
+    """No masks: mAP and F1 of the classifier's sigmoid against the tags, the note, and the pictures."""
+    cfg = tiny_tagged_config(tiny_tagged)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, val_input=mode))
+    mean, std = backbone_mean_std(cfg.model.backbone)
+    dataset = val_dataset(cfg.data, mean, std)
+    assert isinstance(dataset, TaggedValDataset)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, num_classes=3).eval()
+    probs, targets = [], []
+    with torch.no_grad():
+        for i in range(len(dataset)):
+            x = dataset[i]["image"][None]
+            if mode == "crop":
+                x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False)
+            probs.append(model(x).logits.sigmoid()[0].numpy())
+            targets.append(dataset[i]["label"].numpy())
+    res = validate(model, dataset, cfg, torch.device("cpu"), num_pictures=2)
+    expected = multilabel_scores(np.stack(probs), np.stack(targets), cfg.infer.cls_thresh)
+    assert res.metrics == pytest.approx(expected)
+    assert set(res.metrics) == {"cls_mAP", "cls_F1"} and not res.tables
+    assert res.notes == [MASKS_NEEDED] and "mIoU needs masks" in MASKS_NEEDED
+    first = dataset[0]["raw"]
+    assert list(res.pictures) == dataset.ids[:2]
+    assert res.pictures[dataset.ids[0]].shape == (first.shape[0], 3 * first.shape[1], 3)

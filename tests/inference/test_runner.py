@@ -13,12 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import tiny_config
 from tools import eval as eval_cli
 from tools import infer as infer_cli
-from wsss.data.labels import labels_from_masks, save_labels
-from wsss.data.toy import TOY_CLASSES, make_toy_voc
-from wsss.engine.train import train
+from wsss.data.toy import TOY_CLASSES
 from wsss.inference import runner
 from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.inference.sources import list_split
@@ -28,15 +25,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The toy dataset (6 images) and a tiny ViT trained on it for 4 iterations: (root, checkpoint)."""
-    base = tmp_path_factory.mktemp("infer")
-    root = make_toy_voc(base / "toy", num_train=4, num_val=2)
-    labels = labels_from_masks(root / "SegmentationClass", len(TOY_CLASSES))
-    save_labels(root / "cls_labels.json", labels, list(TOY_CLASSES))
-    cfg = tiny_config(root, max_iters=4, ckpt_interval=4, val_max_images=1)
-    result = train(cfg, work_dir=base / "work", device="cpu")
-    return root, result.checkpoint
+def trained(toy_checkpoint):
+    """(toy root, checkpoint of a tiny ViT trained on it): see tests/inference/conftest.py."""
+    return toy_checkpoint
 
 
 def make_input(root: Path, folder: Path) -> dict[str, str]:

@@ -15,8 +15,8 @@ from tqdm import tqdm
 from wsss.config import DataConfig
 from wsss.data.classes import load_classes
 from wsss.data.folder import Skipped
-from wsss.data.labels import check_mask_values, load_labels
-from wsss.data.voc import find_image, read_split, resolve_in_root, resolve_root, resolve_split
+from wsss.data.labels import check_mask_values, load_labels, under_root
+from wsss.data.voc import find_image, read_split, resolve_root, resolve_split
 from wsss.utils.fileio import read_image, read_mask
 
 __all__ = ["check_dataset"]
@@ -26,13 +26,15 @@ def check_dataset(cfg: DataConfig, progress: bool = True) -> list[Skipped]:
     """Every problem of the dataset ``cfg`` describes, as (file or id, reason); empty when it is sound.
 
     Raises:
-        FileNotFoundError: The root, its JPEGImages folder or the class file is missing (nothing else can be
-            checked).
+        FileNotFoundError: The root, its image folder or the class file is missing (nothing else can be checked).
+        ValueError: The set is not in the VOC layout.
     """
-    root = resolve_root(cfg.root)
-    classes = load_classes(resolve_in_root(root, cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
+    if cfg.layout != "voc":
+        raise ValueError(f"check_dataset reads VOC-layout sets; data.layout is {cfg.layout!r}")
+    root = resolve_root(cfg.root, cfg.image_dir)
+    classes = load_classes(under_root(root, cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
     problems: list[Skipped] = []
-    label_path = resolve_in_root(root, cfg.label_file)
+    label_path = under_root(root, cfg.label_file)
     try:
         labels = load_labels(label_path, classes)
     except (FileNotFoundError, ValueError) as err:
@@ -54,9 +56,9 @@ def check_dataset(cfg: DataConfig, progress: bool = True) -> list[Skipped]:
 
 
 def _check_pair(root: Path, cfg: DataConfig, image_id: str, num_classes: int, mask_required: bool) -> Skipped | None:
-    image_path = find_image(root, image_id)
+    image_path = find_image(root, image_id, cfg.image_dir)
     if image_path is None:
-        return Skipped(image_id, f"no image in {root / 'JPEGImages'}")
+        return Skipped(image_id, f"no image in {root / cfg.image_dir}")
     mask_path = root / cfg.mask_dir / f"{image_id}.png"
     try:
         image = read_image(image_path)

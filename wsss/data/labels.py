@@ -15,6 +15,9 @@ from tqdm import tqdm
 
 from wsss.utils.fileio import atomic_write_text, read_mask
 
+MASK_DIRS = ("SegmentationClassAug", "SegmentationClass")
+"""Mask folders looked for under a VOC-layout root, in this order, when none is named."""
+
 
 def parse_voc_xml(path: str | Path) -> list[str]:
     """Every ``<object><name>`` in a VOC annotation file, difficult objects included.
@@ -92,6 +95,60 @@ def labels_from_masks(
         fg = values[(values > 0) & (values != ignore_index)].astype(np.int64) - 1
         labels[path.stem] = multi_hot(fg, num_classes - 1)
     return labels
+
+
+def under_root(root: str | Path, name: str | Path) -> Path:
+    """``name`` as given when absolute or existing (relative to the working directory), else under ``root``."""
+    path = Path(name)
+    return path if path.is_absolute() or path.exists() else Path(root) / path
+
+
+def find_mask_dir(root: str | Path, preferred: str | None = None) -> Path:
+    """The first of ``preferred`` and :data:`MASK_DIRS` under ``root`` that holds a PNG.
+
+    Raises:
+        FileNotFoundError: None of them does (the message lists where it looked and the fix).
+    """
+    root = Path(root)
+    names = list(dict.fromkeys([preferred, *MASK_DIRS] if preferred else MASK_DIRS))
+    for name in names:
+        if (root / name).is_dir() and next((root / name).glob("*.png"), None) is not None:
+            return root / name
+    raise FileNotFoundError(
+        f"no mask PNG files in {', '.join(str(root / n) for n in names)}; name the mask folder with --mask-dir"
+    )
+
+
+def make_label_file(
+    root: str | Path,
+    source: str,
+    classes: list[str],
+    out: str | Path,
+    mask_dir: str | None,
+    ignore_index: int,
+) -> tuple[int, Path]:
+    """Write the label file of a VOC-layout dataset (what ``tools/make_cls_labels.py`` does).
+
+    Args:
+        root: The dataset root.
+        source: ``xml`` (``root/Annotations``) or ``masks``.
+        classes: Class names, background first.
+        out: The label file to write.
+        mask_dir: Mask folder under root for ``masks``; None or missing: :func:`find_mask_dir` looks.
+        ignore_index: Mask value that is not a class.
+
+    Returns:
+        ``(number of images, the folder read)``.
+    """
+    root = Path(root)
+    if source == "xml":
+        folder = root / "Annotations"
+        labels = labels_from_xml(folder, classes)
+    else:
+        folder = find_mask_dir(root, mask_dir)
+        labels = labels_from_masks(folder, len(classes), ignore_index)
+    save_labels(out, labels, classes)
+    return len(labels), folder
 
 
 def check_mask_values(values: np.ndarray, num_classes: int, ignore_index: int, path: str | Path) -> None:

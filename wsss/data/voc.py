@@ -1,11 +1,15 @@
 """PASCAL VOC-layout datasets: classification crops for training, full images + masks for evaluation.
 
-Layout (any dataset with its own class list works the same way)::
+Layout (any dataset with its own class list works the same way; ``data.image_dir`` names the image folder and
+ids may be nested paths, with or without the image extension)::
 
     ROOT/JPEGImages/<id>.jpg
     ROOT/<mask_dir>/<id>.png             palette or gray index PNG, 255 = ignore
     ROOT/ImageSets/Segmentation/<split>.txt
     ROOT/<label_file>                    written by tools/make_cls_labels.py
+
+With ``data.layout="tags"`` the label file is a hand-written tags file (:mod:`wsss.data.tags`), the splits
+``train`` and ``val`` are a fixed partition of its images, and nothing needs a mask.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from torch.utils.data import Dataset
 
 from wsss.config import DataConfig
 from wsss.data.classes import load_classes
-from wsss.data.labels import check_mask_values, load_labels
+from wsss.data.labels import check_mask_values, load_labels, under_root
+from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels
 from wsss.data.transforms import TrainAugment, normalize
-from wsss.utils.fileio import read_image, read_mask
+from wsss.utils.fileio import IMAGE_EXTENSIONS, read_image, read_mask
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -53,61 +58,78 @@ def read_split(path: Path) -> list[str]:
     return ids
 
 
-def resolve_in_root(root: Path, name: str) -> Path:
-    """``name`` as given when absolute or existing, else relative to the dataset root."""
-    path = Path(name)
-    return path if path.is_absolute() or path.exists() else root / path
-
-
-def find_image(root: Path, image_id: str) -> Path | None:
-    """``root/JPEGImages/<image_id>`` with the first of :data:`IMAGE_SUFFIXES` that exists, or None. Any kind
-    of file counts (reading a named pipe then fails with its reason rather than "no image")."""
+def find_image(root: Path, image_id: str, image_dir: str) -> Path | None:
+    """``root/<image_dir>/<image_id>``, as given when it ends in an image extension, else with the first of
+    :data:`IMAGE_SUFFIXES` that exists; None if none does. Any kind of file counts (reading a named pipe then
+    fails with its reason rather than "no image")."""
+    base = root / image_dir
+    if Path(image_id).suffix.lower() in IMAGE_EXTENSIONS and (base / image_id).exists():
+        return base / image_id
     for ext in IMAGE_SUFFIXES:
-        path = root / "JPEGImages" / f"{image_id}{ext}"
+        path = base / f"{image_id}{ext}"
         if path.exists():
             return path
     return None
 
 
-def resolve_root(root: str | Path) -> Path:
-    """Check the dataset root and its ``JPEGImages`` folder exist."""
+def resolve_root(root: str | Path, image_dir: str = "JPEGImages") -> Path:
+    """Check the dataset root and its image folder exist."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(
-            f"dataset root not found: {root}. Set data.root to the folder holding JPEGImages/ "
+            f"dataset root not found: {root}. Set data.root to the folder holding {image_dir}/ "
             "(see data/README.md), or run `python tools/make_toy_voc.py` for the toy dataset."
         )
-    if not (root / "JPEGImages").is_dir():
-        raise FileNotFoundError(f"{root} has no JPEGImages/ folder; data.root must point at a VOC-layout root")
+    if not (root / image_dir).is_dir():
+        raise FileNotFoundError(
+            f"{root} has no {image_dir}/ folder; data.root must hold the images in data.image_dir ({image_dir})"
+        )
     return root
 
 
 class _VOCBase(Dataset):
     def __init__(self, cfg: DataConfig, split: str):
         self.cfg = cfg
-        self.root = resolve_root(cfg.root)
-        self.classes = load_classes(self._resolve(cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
-        self.split_file = resolve_split(self.root, split)
-        self.ids = read_split(self.split_file)
+        self.root = resolve_root(cfg.root, cfg.image_dir)
+        self.tags = read_tags(self._resolve(cfg.label_file)) if cfg.layout == "tags" else None
+        if cfg.classes is not None:
+            self.classes = load_classes(self._resolve(cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
+        elif self.tags is not None:
+            self.classes = tag_classes(self.tags)
+        else:
+            raise ValueError("data.classes is unset: give the class list (only the tags layout reads it from its file)")
+        if self.tags is not None and split in ("train", "val"):
+            self.split_file = self._resolve(cfg.label_file)
+            self.ids = hash_split(sorted(self.tags), cfg.val_fraction)[split == "val"]
+            if not self.ids:
+                raise ValueError(
+                    f"{self.split_file}: no image falls in the '{split}' part at data.val_fraction="
+                    f"{cfg.val_fraction}; tag more images or change data.val_fraction"
+                )
+        else:
+            self.split_file = resolve_split(self.root, split)
+            self.ids = read_split(self.split_file)
         self._images = {i: self._find_image(i) for i in self.ids}
         missing = [i for i, path in self._images.items() if path is None]
         if missing:
             raise FileNotFoundError(
-                f"{len(missing)} id(s) in {self.split_file} have no image in {self.root / 'JPEGImages'} "
+                f"{len(missing)} id(s) in {self.split_file} have no image in {self.root / cfg.image_dir} "
                 f"(first: {missing[:3]}). Remove them from the split file or add the images."
             )
 
     def _resolve(self, name: str) -> Path:
-        return resolve_in_root(self.root, name)
+        return under_root(self.root, name)
 
     def _find_image(self, image_id: str) -> Path | None:
-        return find_image(self.root, image_id)
+        return find_image(self.root, image_id, self.cfg.image_dir)
 
     def image_path(self, image_id: str) -> Path:
         return self._images[image_id]
 
     def mask_path(self, image_id: str) -> Path:
-        return self.root / self.cfg.mask_dir / f"{image_id}.png"
+        suffix = Path(image_id).suffix
+        stem = image_id[: -len(suffix)] if suffix.lower() in IMAGE_EXTENSIONS else image_id
+        return self.root / self.cfg.mask_dir / f"{stem}.png"
 
     def load_mask(self, image_id: str, shape: tuple[int, ...]) -> np.ndarray:
         """Read and check the mask of ``image_id`` against its image's (H, W) and the class count."""
@@ -120,6 +142,18 @@ class _VOCBase(Dataset):
             )
         check_mask_values(mask, len(self.classes), self.cfg.ignore_index, path)
         return mask
+
+    def load_image_labels(self) -> dict[str, np.ndarray]:
+        """Image-level labels: from the tags file, or from the label file of tools/make_cls_labels.py."""
+        path = self._resolve(self.cfg.label_file)
+        labels = tag_labels(self.tags, self.classes, path) if self.tags is not None else load_labels(path, self.classes)
+        unlabelled = [i for i in self.ids if i not in labels]
+        if unlabelled:
+            raise ValueError(
+                f"{len(unlabelled)} id(s) of {self.split_file} are missing from {self.cfg.label_file} "
+                f"(first: {unlabelled[:3]}); regenerate it with tools/make_cls_labels.py"
+            )
+        return labels
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -150,13 +184,7 @@ class VOCClsDataset(_VOCBase):
         with_mask: bool = False,
     ):
         super().__init__(cfg, cfg.train_split if split is None else split)
-        self.labels = load_labels(self._resolve(cfg.label_file), self.classes)
-        unlabelled = [i for i in self.ids if i not in self.labels]
-        if unlabelled:
-            raise ValueError(
-                f"{len(unlabelled)} id(s) of {self.split_file} are missing from {cfg.label_file} "
-                f"(first: {unlabelled[:3]}); regenerate it with tools/make_cls_labels.py"
-            )
+        self.labels = self.load_image_labels()
         self.augment = TrainAugment(cfg, mean, std)
         self.seed = seed
         self.epoch = 0
@@ -225,6 +253,34 @@ class VOCSegDataset(_VOCBase):
             "raw": raw,
             "mask": torch.from_numpy(mask.astype(np.int64)),
         }
+
+
+class TaggedValDataset(_VOCBase):
+    """Full-size images with their image-level labels and no mask, for validating a tag-only dataset.
+
+    Each item is a dict: ``image`` (3, H, W) float32 normalised, ``raw`` (H, W, 3) uint8 RGB, ``label`` (C-1,)
+    float32 multi-hot, ``id``.
+    """
+
+    def __init__(self, cfg: DataConfig, mean: tuple[float, ...], std: tuple[float, ...], split: str | None = None):
+        super().__init__(cfg, cfg.val_split if split is None else split)
+        self.mean, self.std = mean, std
+        self.labels = self.load_image_labels()
+
+    def __getitem__(self, index: int) -> dict:
+        image_id = self.ids[index]
+        raw = read_image(self.image_path(image_id))
+        return {
+            "id": image_id,
+            "image": normalize(raw, self.mean, self.std),
+            "raw": raw,
+            "label": torch.from_numpy(self.labels[image_id].astype(np.float32)),
+        }
+
+
+def val_dataset(cfg: DataConfig, mean: tuple[float, ...], std: tuple[float, ...]) -> VOCSegDataset | TaggedValDataset:
+    """The validation set: images with masks, or with tags only when ``cfg.layout == "tags"``."""
+    return TaggedValDataset(cfg, mean, std) if cfg.layout == "tags" else VOCSegDataset(cfg, mean, std)
 
 
 def collate_list(items: list[dict]) -> dict:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from wsss.config import Config, dump_config
 from wsss.data.check import check_dataset
 from wsss.data.transforms import backbone_mean_std
-from wsss.data.voc import VOCClsDataset, VOCSegDataset
+from wsss.data.voc import TaggedValDataset, VOCClsDataset, VOCSegDataset, val_dataset
 from wsss.engine.checkpoint import rng_state, save_checkpoint, set_rng_state
 from wsss.engine.distributed import (
     DistInfo,
@@ -175,7 +175,7 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
         raise ValueError(f"data.check_images: {len(problems)} problem(s) ({listed}); tools/check_dataset.py lists all")
     mean, std = backbone_mean_std(cfg.model.backbone)
     train_set = VOCClsDataset(cfg.data, mean, std, seed=cfg.train.seed)
-    val_set = VOCSegDataset(cfg.data, mean, std)
+    val_set = val_dataset(cfg.data, mean, std)
     classes = train_set.classes
     raw_model = build_model(cfg.model, num_classes=len(classes)).to(dist_info.device)
     optim = cfg.optim
@@ -287,7 +287,7 @@ def _writer(work: Path):
 
 
 def _validate(
-    raw_model: WSSSModel, val_set: VOCSegDataset, cfg: Config, info: DistInfo, writer, step: int
+    raw_model: WSSSModel, val_set: VOCSegDataset | TaggedValDataset, cfg: Config, info: DistInfo, writer, step: int
 ) -> ValResult:
     res = validate(raw_model, val_set, cfg, info.device, cfg.train.val_max_images)
     if info.is_main:
@@ -298,5 +298,8 @@ def _validate(
                 writer.add_scalar(f"val/{k}", v if not math.isnan(v) else 0.0, step)
             for name, picture in res.pictures.items():
                 writer.add_image(f"val/{name}", picture, step, dataformats="HWC")
-        tqdm.write(f"segmentation, iter {step}:\n{format_table(res.tables['seg'])}")
+        if "seg" in res.tables:
+            tqdm.write(f"segmentation, iter {step}:\n{format_table(res.tables['seg'])}")
+        for note in res.notes:
+            tqdm.write(f"note: {note}")
     return res

@@ -1,4 +1,5 @@
-"""Validation during training: CAM, aux-CAM and segmentation mIoU on the val split, plus a few pictures."""
+"""Validation during training: CAM, aux-CAM and segmentation mIoU on the val split, plus a few pictures; on a
+val set with tags only, classification mAP and F1."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from tqdm import tqdm
 from wsss.cam import cam_to_label, labels_from_mask, multiscale_cam
 from wsss.config import Config
 from wsss.data.transforms import denormalize
-from wsss.data.voc import VOCSegDataset, collate_list
+from wsss.data.voc import TaggedValDataset, VOCSegDataset, collate_list
+from wsss.engine.distributed import all_gather_objects
+from wsss.evaluation.classification import multilabel_scores
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.inference.visualize import cam_overlay, mask_overlay
 from wsss.models.segmentor import WSSSModel, maps_to_pixels
@@ -24,18 +27,20 @@ from wsss.pseudo_label import pseudo_labels
 
 @dataclass
 class ValResult:
-    """mIoU (percent) of each branch and pictures of the first images."""
+    """mIoU (percent) of each branch (classification mAP and F1 without masks), pictures of the first images."""
 
     metrics: dict[str, float]
     tables: dict[str, SegMetrics] = field(default_factory=dict)
     pictures: dict[str, np.ndarray] = field(default_factory=dict)
     """Name -> (H, W, 3) uint8: the image, CAM, pseudo label, prediction and ground truth side by side."""
+    notes: list[str] = field(default_factory=list)
+    """What could not be measured, and why."""
 
 
 @torch.no_grad()
 def validate(
     model: WSSSModel,
-    dataset: VOCSegDataset,
+    dataset: VOCSegDataset | TaggedValDataset,
     cfg: Config,
     device: torch.device,
     max_images: int | None = None,
@@ -51,31 +56,25 @@ def validate(
 
     Under ``torchrun`` every rank scores every ``world_size``-th image and the matrices are summed, so
     all ranks must call this together; pictures come from rank 0's first images.
+
+    A tag-only val set (:class:`~wsss.data.voc.TaggedValDataset`) goes to :func:`validate_tags`.
     """
+    if isinstance(dataset, TaggedValDataset):
+        return validate_tags(model, dataset, cfg, device, max_images, num_pictures)
     was_training = model.training
     model.eval()
     num_classes = len(dataset.classes)
     matrices = {name: ConfusionMatrix(num_classes, device=device) for name in ("cam", "aux_cam", "seg")}
     par = PAR.from_config(cfg.par).to(device)
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    shard = Subset(dataset, range(rank, total, world))
-    loader = DataLoader(
-        shard,
-        batch_size=1,
-        num_workers=min(2, cfg.data.num_workers),
-        collate_fn=collate_list,
-        generator=torch.Generator(),  # leaves the global RNG stream (and so training) untouched
-    )
+    rank, loader = _shard_loader(dataset, total, cfg)
     pictures = {}
     for i, batch in enumerate(tqdm(loader, desc="val", leave=False, dynamic_ncols=True, disable=rank > 0)):
         image = batch["image"][0][None].to(device)
         gt = batch["mask"][0].to(device)
         labels = labels_from_mask(gt, num_classes)[None]
         size = tuple(gt.shape)
-        if cfg.train.val_input == "crop":
-            crop = (cfg.data.crop_size, cfg.data.crop_size)
-            image = F.interpolate(image, size=crop, mode="bilinear", align_corners=False)
+        image = _model_input(image, cfg)
         crop_size = tuple(image.shape[-2:])  # CAMs are already pixels (stride 1); the seg logits are tokens
         cam = maps_to_pixels(multiscale_cam(model.cam, image, labels, cfg.cam.scales), crop_size, 1, size)
         aux_cam = multiscale_cam(lambda x: model.cam(x, aux=True), image, labels, cfg.cam.scales)
@@ -109,3 +108,68 @@ def validate(
         tables[name] = result
     return ValResult(metrics=metrics, tables=tables, pictures=pictures)
 
+
+def _model_input(image: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """(1, 3, H, W) -> what the model sees: resized to the crop squared when ``train.val_input == "crop"``."""
+    if cfg.train.val_input != "crop":
+        return image
+    crop = (cfg.data.crop_size, cfg.data.crop_size)
+    return F.interpolate(image, size=crop, mode="bilinear", align_corners=False)
+
+
+def _shard_loader(dataset, total: int, cfg: Config) -> tuple[int, DataLoader]:
+    """This rank and a loader over its share (every ``world_size``-th) of the first ``total`` images."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    loader = DataLoader(
+        Subset(dataset, range(rank, total, world)),
+        batch_size=1,
+        num_workers=min(2, cfg.data.num_workers),
+        collate_fn=collate_list,
+        generator=torch.Generator(),  # leaves the global RNG stream (and so training) untouched
+    )
+    return rank, loader
+
+
+MASKS_NEEDED = "segmentation mIoU needs masks: this val set has tags only (classification mAP and F1 instead)"
+
+
+@torch.no_grad()
+def validate_tags(
+    model: WSSSModel,
+    dataset: TaggedValDataset,
+    cfg: Config,
+    device: torch.device,
+    max_images: int | None = None,
+    num_pictures: int = 4,
+) -> ValResult:
+    """Validate on images that have tags and no mask: classification mAP and F1 of the final classifier
+    (at ``cfg.infer.cls_thresh``; the input sized as ``cfg.train.val_input`` says) against the tags, and
+    pictures of the first images (the image, the CAMs of its tagged classes, the segmentation). Segmentation
+    mIoU cannot be measured; :data:`MASKS_NEEDED` says so in ``ValResult.notes``. Under ``torchrun`` every
+    rank scores its share and the scores are gathered.
+    """
+    was_training = model.training
+    model.eval()
+    total = len(dataset) if max_images is None else min(max_images, len(dataset))
+    rank, loader = _shard_loader(dataset, total, cfg)
+    probs, targets, pictures = [], [], {}
+    for i, batch in enumerate(tqdm(loader, desc="val", leave=False, dynamic_ncols=True, disable=rank > 0)):
+        image = _model_input(batch["image"][0][None].to(device), cfg)
+        out = model(image)
+        probs.append(out.logits.float().sigmoid()[0].cpu())
+        targets.append(batch["label"][0])
+        if rank == 0 and i < num_pictures:
+            raw, labels = batch["raw"][0], batch["label"][0][None].to(device)
+            size, seen = tuple(raw.shape[:2]), tuple(image.shape[-2:])
+            cam = maps_to_pixels(multiscale_cam(model.cam, image, labels, cfg.cam.scales), seen, 1, size)
+            seg = maps_to_pixels(out.seg, seen, model.stride, size).argmax(dim=1)
+            cams = cam_overlay(raw, cam[0][labels[0] > 0].cpu().numpy())
+            pictures[str(batch["id"][0])] = np.concatenate([raw, cams, mask_overlay(raw, seg[0].cpu().numpy())], axis=1)
+    if was_training:
+        model.train()
+    gathered = all_gather_objects((torch.stack(probs).numpy(), torch.stack(targets).numpy()) if probs else None)
+    parts = [p for p in gathered if p is not None]
+    metrics = multilabel_scores(
+        np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), cfg.infer.cls_thresh
+    )
+    return ValResult(metrics=metrics, pictures=pictures, notes=[MASKS_NEEDED])

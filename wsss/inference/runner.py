@@ -1,8 +1,10 @@
 """The inference loop over an image folder or a VOC split: decoding, batching, test-time augmentation
 (:mod:`wsss.models.tta`), the dense CRF pool (:mod:`wsss.inference.crf`) and the outputs.
 
-:func:`run_inference` is what ``tools/infer.py`` calls. Output layout under OUTPUT, mirroring each image's
-path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages`` (a VOC root with a split)::
+:func:`run_inference` is what ``tools/infer.py`` calls; every batch goes through
+:meth:`wsss.inference.predictor.Segmenter.forward`, the predictor a Python user calls. Output layout
+under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages``
+(a VOC root with a split)::
 
     masks/<rel>.png       palette PNG (VOC palette), values = class indices in [0, C)
     overlays/<rel>.jpg    mask blended over the image (--overlay)
@@ -58,14 +60,14 @@ from tqdm import tqdm
 
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped
-from wsss.data.transforms import normalize
-from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
+from wsss.engine.checkpoint import config_from_checkpoint
 from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
 from wsss.inference.gallery import write_gallery
+from wsss.inference.predictor import Segmenter, read_model_file
 from wsss.inference.sources import Source, inside, list_folder, list_split, output_paths
 from wsss.inference.visualize import cam_overlay, mask_overlay
-from wsss.models.tta import predicted_classes, tta_forward
+from wsss.models.tta import predicted_classes
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, remove_stale_temporaries, save_image, save_mask
 from wsss.utils.lifetime import die_with_parent
 
@@ -99,6 +101,7 @@ class InferenceOptions:
         overwrite: Redo images whose outputs exist.
         num_workers: Image decoding processes (0: in the main process).
         crf_workers: CRF processes; None takes ``infer.crf.workers`` (0: serial).
+        max_size: Longest side the model sees; None takes ``infer.max_size`` (see :class:`Segmenter`).
         progress: Show a progress bar.
     """
 
@@ -113,6 +116,7 @@ class InferenceOptions:
     overwrite: bool = False
     num_workers: int = 2
     crf_workers: int | None = None
+    max_size: int | None = None
     progress: bool = True
 
     def kinds(self) -> list[str]:
@@ -214,10 +218,11 @@ def run_inference(
     if os.path.realpath(output) == os.path.realpath(input_path):
         raise ValueError(f"the output folder must differ from the input folder ({output})")
 
-    ckpt = load_checkpoint(checkpoint)
+    ckpt = read_model_file(checkpoint)
     cfg = config_from_checkpoint(ckpt)
     scales = tuple(cfg.infer.scales if opts.scales is None else opts.scales)
     flip = cfg.infer.flip if opts.flip is None else opts.flip
+    max_size = cfg.infer.max_size if opts.max_size is None else opts.max_size
     if split is not None:
         sources, skipped = list_split(input_path, split)
     else:
@@ -232,6 +237,7 @@ def run_inference(
         "split": split,
         "scales": list(scales),
         "flip": flip,
+        "max_size": max_size,
         "crf": opts.crf,
         "crf_config": asdict(cfg.infer.crf) if opts.crf else None,
     }
@@ -244,12 +250,10 @@ def run_inference(
         pool = None
         if opts.crf and todo:  # workers start before the model exists (see CrfPool)
             pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers))
-        model, _ = model_from_checkpoint(ckpt, device)
         setup = LoopSetup(
-            model=model, classes=list(ckpt["classes"]), mean=tuple(ckpt["mean"]), std=tuple(ckpt["std"]),
-            kinds=kinds, scales=scales, flip=flip, cls_thresh=cfg.infer.cls_thresh,
-            logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size, num_workers=opts.num_workers,
-            progress=opts.progress,
+            segmenter=Segmenter.from_checkpoint(ckpt, device), kinds=kinds, scales=scales, flip=flip,
+            max_size=max_size, logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size,
+            num_workers=opts.num_workers, progress=opts.progress,
         )  # fmt: skip
         loop = _InferenceLoop(setup, summary, pool)
         tic = time.perf_counter()
@@ -298,7 +302,8 @@ def _check_previous_settings(output: Path, settings: dict, summary: InferenceSum
         previous = json.loads((output / "run.json").read_text())
     except (OSError, ValueError):
         return
-    changed = [k for k in ("checkpoint", "scales", "flip", "crf", "crf_config") if previous.get(k) != settings[k]]
+    keys = ("checkpoint", "scales", "flip", "max_size", "crf", "crf_config")
+    changed = [k for k in keys if previous.get(k) != settings[k]]
     if changed and summary.existing and not overwrite:
         summary.notes.append(
             f"{summary.existing} images were kept from an earlier run with other settings ({', '.join(changed)}); "
@@ -334,28 +339,22 @@ class LoopSetup:
     """What the inference loop needs besides the images, as :func:`run_inference` resolved it.
 
     Attributes:
-        model: The model, in eval mode on its device.
-        classes: Class names, background first.
-        mean: Normalisation mean of the model.
-        std: Normalisation std.
+        segmenter: The model with its classes, normalisation and class threshold.
         kinds: Output kinds written per image (:meth:`InferenceOptions.kinds`).
         scales: TTA scales.
         flip: Flip TTA.
-        cls_thresh: Classifier sigmoid above which a class counts as present.
+        max_size: Longest side the model sees (None: the original size).
         logits_stride: Downscaling of the saved logits.
         batch_size: Images per forward batch.
         num_workers: Decoding processes.
         progress: Show a progress bar.
     """
 
-    model: torch.nn.Module
-    classes: list[str]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
+    segmenter: Segmenter
     kinds: list[str]
     scales: tuple[float, ...]
     flip: bool
-    cls_thresh: float
+    max_size: int | None
     logits_stride: int
     batch_size: int
     num_workers: int
@@ -367,7 +366,6 @@ class _InferenceLoop:
 
     def __init__(self, setup: LoopSetup, summary: InferenceSummary, pool: CrfPool | None) -> None:
         self.setup, self.summary, self.pool = setup, summary, pool
-        self.device = next(setup.model.parameters()).device
         self.palette = voc_palette()
         self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, Future]] = deque()
         self.finished: list[str] = []
@@ -400,15 +398,16 @@ class _InferenceLoop:
 
     def _run_batch(self, batch: list[tuple[Source, dict[str, Path], np.ndarray]]) -> None:
         setup = self.setup
-        images = torch.stack([normalize(raw, setup.mean, setup.std) for _, _, raw in batch]).to(self.device)
-        out = tta_forward(setup.model, images, setup.scales, setup.flip, cams="cams" in setup.kinds)
+        images = [raw for _, _, raw in batch]
+        out = setup.segmenter.forward(images, setup.scales, setup.flip, setup.max_size, cams="cams" in setup.kinds)
+        threshold = setup.segmenter.cfg.cls_thresh
         for i, (src, paths, raw) in enumerate(batch):
             seg = out.seg[i]
-            shown, top1 = predicted_classes(out.cls_logits[i], setup.cls_thresh)
-            present = out.cls_logits[i].sigmoid() > setup.cls_thresh
-            names = setup.classes[1:]
+            shown, top1 = predicted_classes(out.cls_logits[i], threshold)
+            present = out.cls_logits[i].sigmoid() > threshold
+            names = setup.segmenter.classes[1:]
             entry = {
-                "classes": setup.classes,
+                "classes": setup.segmenter.classes,
                 "present": [n for n, p in zip(names, present.tolist(), strict=True) if p],
                 "cam_classes": [n for n, p in zip(names, shown.tolist(), strict=True) if p],
                 "top1_fallback": top1,

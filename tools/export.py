@@ -1,0 +1,44 @@
+"""Export a checkpoint for deployment: weights-only safetensors (config and classes kept) and/or ONNX.
+
+    python tools/export.py CHECKPOINT [--safetensors OUT.safetensors] [--onnx OUT.onnx]
+
+--safetensors writes the model's tensors with the resolved config, classes, mean/std in the metadata (no
+optimiser state, no pickle); Segmenter.from_checkpoint and tools/infer.py read it like a checkpoint.
+--onnx writes the single-scale segmentation model: input 'image' (B, 3, H, W) float32 normalised with the
+mean/std in its metadata, outputs 'seg' (B, C, H, W) logits and 'cls' (B, C-1); B, H and W are dynamic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from wsss.engine.checkpoint import load_checkpoint
+from wsss.inference.export import export_onnx, save_safetensors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="a wsss checkpoint (.pth)")
+    parser.add_argument("--safetensors", type=Path, metavar="OUT", help="weights-only export with config and classes")
+    parser.add_argument("--onnx", type=Path, metavar="OUT", help="ONNX model, dynamic batch, height and width")
+    args = parser.parse_args(argv)
+    if not (args.safetensors or args.onnx):
+        parser.error("give --safetensors OUT and/or --onnx OUT")
+    try:
+        ckpt = load_checkpoint(args.checkpoint)
+        if args.safetensors:
+            save_safetensors(ckpt, args.safetensors)
+            print(f"wrote {args.safetensors}")
+        if args.onnx:
+            export_onnx(ckpt, args.onnx)
+            print(f"wrote {args.onnx}")
+    except (FileNotFoundError, ValueError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
