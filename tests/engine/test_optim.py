@@ -12,10 +12,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.conftest import tiny_config
 from wsss.config import OptimConfig
 from wsss.data.transforms import backbone_mean_std
+from wsss.engine.checkpoint import load_checkpoint
 from wsss.engine.optim import NonFiniteGuard, NonFiniteLossError, build_optimizer
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
-from wsss.engine.train import LossMeter, iteration, to_device
+from wsss.engine.train import LossMeter, iteration, to_device, train
 from wsss.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -126,3 +127,15 @@ def test_iterations_never_wait_for_the_device(tmp_path, monkeypatch):
     with SyncCounter() as counter:
         iteration(model, model, step, batch, 3, optimizer, scheduler, guard, meter)
     assert counter.calls == ["aten::_local_scalar_dense"]
+
+
+def test_a_diverging_run_stops_with_finite_weights(tiny_voc, tmp_path):
+    """``optim.lr=1e6``: the weights blow up and gradients turn non-finite; the guard skips those updates, so the
+    run stops on the guard, not on the checkpoint's refusal to save non-finite weights, and what was saved is
+    finite."""
+    cfg = tiny_config(tiny_voc, max_iters=6)
+    cfg.optim.lr = 1e6
+    with pytest.raises(NonFiniteLossError, match="non-finite loss or gradient at iteration"):
+        train(cfg, work_dir=tmp_path / "w", device="cpu")
+    for path in sorted((tmp_path / "w").glob("iter_*.pth")):
+        assert all(torch.isfinite(v).all() for v in load_checkpoint(path)["model"].values() if v.is_floating_point())
