@@ -65,11 +65,20 @@ def resolve_root(root: str | Path) -> Path:
     return root
 
 
+def config_classes(cfg: DataConfig) -> list[str]:
+    """The class names ``data.classes`` gives: a list, or a file (absolute, relative to the working directory, or
+    relative to ``data.root``)."""
+    if not isinstance(cfg.classes, str):
+        return load_classes(cfg.classes)
+    path = Path(cfg.classes)
+    return load_classes(path if path.is_absolute() or path.exists() else Path(cfg.root) / path)
+
+
 class _VOCBase(Dataset):
     def __init__(self, cfg: DataConfig, split: str):
         self.cfg = cfg
         self.root = resolve_root(cfg.root)
-        self.classes = load_classes(self._resolve(cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
+        self.classes = config_classes(cfg)
         self.split_file = resolve_split(self.root, split)
         self.ids = read_split(self.split_file)
         self._images = {i: self._find_image(i) for i in self.ids}
