@@ -2,7 +2,7 @@
 
     python tools/infer.py CHECKPOINT INPUT [OUTPUT] [--scales 1.0 1.25 1.5] [--flip/--no-flip] [--crf]
         [--overlay] [--cams] [--logits] [--gallery] [--split FILE] [--batch-size N] [--device cuda|cpu]
-        [--overwrite]
+        [--overwrite] [--cfg-options infer.KEY=VALUE ...]
 
 INPUT is a folder (every image under it) or, with --split NAME|FILE, a VOC-layout root whose JPEGImages
 holds the split's images. OUTPUT defaults to INPUT_pred beside INPUT. Outputs mirror the input's relative
@@ -10,7 +10,7 @@ paths: masks/ (palette PNG, class indices), overlays/, cams/ (JPEG), logits/ (fl
 index.html (--gallery); see wsss/inference/runner.py for the layout. Re-running skips images whose outputs all
 exist (--overwrite redoes them). Unreadable files and unsafe paths are skipped and listed in the summary;
 the exit status is still 0 (1 when no image could be processed). Scales, flip and CRF constants default
-to the checkpoint's config (infer.*).
+to the checkpoint's config (infer.*); --cfg-options overrides any infer.* value.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from wsss.config import parse_cfg_options
 from wsss.inference.runner import InferenceOptions, run_inference
 
 
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="image decoding processes")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy machine)")
+    parser.add_argument(
+        "--cfg-options", nargs="+", metavar="infer.KEY=VALUE",
+        help="override the checkpoint's inference settings, e.g. infer.cls_thresh=0.4 infer.crf.iterations=5",
+    )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="redo images whose outputs exist")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress,
     )
     try:
+        options.cfg_options = parse_cfg_options(args.cfg_options)
         summary = run_inference(args.checkpoint, args.input, args.output, args.split, options, args.device)
     except (FileNotFoundError, ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -341,6 +341,27 @@ def load_config(path: str | Path, options: dict[str, Any] | None = None) -> Conf
     return from_dict(Config, data)
 
 
+def apply_options(cfg: Config, options: dict[str, Any], prefix: str = "") -> Config:
+    """``cfg`` with ``{"a.b": value}`` overrides merged as ``--cfg-options`` merges them, validated again.
+
+    Args:
+        cfg: The config to override (not modified).
+        options: Dotted keys -> values, as :func:`parse_cfg_options` returns them.
+        prefix: If given, only keys under it are allowed (``"infer."`` for inference settings).
+
+    Raises:
+        ConfigError: A key outside ``prefix``, an unknown key or a wrong type.
+    """
+    from mmengine.config import Config as MMConfig
+
+    outside = [k for k in options if not k.startswith(prefix)]
+    if outside:
+        raise ConfigError(f"--cfg-options: only {prefix}* keys can be set here, got '{outside[0]}'")
+    raw = MMConfig(to_dict(cfg))
+    raw.merge_from_dict(options)
+    return from_dict(Config, raw.to_dict())
+
+
 def dump_config(cfg: Config, path: str | Path) -> None:
     """Write ``cfg`` as a self-contained Python config file that :func:`load_config` reads back identically."""
     lines = ["# Resolved wsss config: every value explicit, no _base_.\n"]

@@ -53,6 +53,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from wsss.config import apply_options
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped
 from wsss.data.transforms import normalize
@@ -96,6 +97,7 @@ class InferenceOptions:
         num_workers: Image decoding processes (0: in the main process).
         crf_workers: CRF processes; None takes ``infer.crf.workers`` (0: serial).
         progress: Show a progress bar.
+        cfg_options: ``{"infer.key": value}`` overrides of the checkpoint's inference settings (``--cfg-options``).
     """
 
     scales: Sequence[float] | None = None
@@ -110,6 +112,7 @@ class InferenceOptions:
     num_workers: int = 2
     crf_workers: int | None = None
     progress: bool = True
+    cfg_options: dict[str, Any] = field(default_factory=dict)
 
     def kinds(self) -> list[str]:
         """Output kinds this run writes for every image."""
@@ -211,7 +214,7 @@ def run_inference(
         raise ValueError(f"the output folder must differ from the input folder ({output})")
 
     ckpt = load_checkpoint(checkpoint)
-    cfg = config_from_checkpoint(ckpt)
+    cfg = apply_options(config_from_checkpoint(ckpt), opts.cfg_options, prefix="infer.")
     scales = tuple(cfg.infer.scales if opts.scales is None else opts.scales)
     flip = cfg.infer.flip if opts.flip is None else opts.flip
     if split is not None:
