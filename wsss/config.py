@@ -183,7 +183,11 @@ class TrainConfig:
     log_interval: int = 50
     val_interval: int = 5000
     ckpt_interval: int = 5000
+    max_keep_ckpts: int = 3
+    """Newest ``iter_*.pth`` kept in the work dir, besides the best-validated and the last one; -1 keeps all."""
     val_max_images: int | None = None
+    chance_loss_ratio: float = 0.9
+    """Warn when the classification loss after the warm-up is still above this fraction of ln 2 (chance)."""
 
 
 @dataclass

@@ -143,7 +143,8 @@ class VOCClsDataset(_VOCBase):
         with_mask: bool = False,
     ):
         super().__init__(cfg, cfg.train_split if split is None else split)
-        self.labels = load_labels(self._resolve(cfg.label_file), self.classes)
+        self.label_path = self._resolve(cfg.label_file)
+        self.labels = load_labels(self.label_path, self.classes)
         unlabelled = [i for i in self.ids if i not in self.labels]
         if unlabelled:
             raise ValueError(

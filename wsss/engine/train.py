@@ -9,7 +9,6 @@ uninterrupted ones. Loss terms accumulate on the device and are averaged over ra
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +32,8 @@ from wsss.engine.distributed import (
     barrier,
     init_distributed,
 )
+from wsss.engine.logger import RunLogger, chance_warning, start_summary, train_scalars, val_scalars
+from wsss.engine.retention import CheckpointKeeper
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
 from wsss.engine.validate import ValResult, validate
@@ -148,8 +149,13 @@ def train(
     if dist_info.is_main:
         work.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, work / "config.py")
-        if ckpt_path is not None:
-            print(f"resuming from {ckpt_path} at iteration {start}")
+    log = RunLogger(work, start, enabled=dist_info.is_main)
+    sizes = {cfg.data.train_split: len(train_set), cfg.data.val_split: len(val_set)}
+    log.text(start_summary(cfg, dist_info.device, dist_info.world_size, sizes, classes, train_set.label_path,
+                           raw_model))  # fmt: skip
+    if ckpt_path is not None:
+        log.text(f"resuming from {ckpt_path} at iteration {start}")
+    keeper = CheckpointKeeper(work, cfg.train.max_keep_ckpts, start, writes=dist_info.is_main)
     model = _wrap(raw_model, dist_info)
 
     sampler = ResumableSampler(train_set, dist_info.world_size, dist_info.rank, seed=cfg.train.seed)
@@ -164,7 +170,6 @@ def train(
     )
     step = TrainingStep(cfg, mean, std, dist_info.device)
     meter = LossMeter()
-    writer = _writer(work) if dist_info.is_main else None
     result = TrainResult(work_dir=work, checkpoint=ckpt_path, step=start, model=raw_model, is_main=dist_info.is_main)
     model.train()
     data = batches(loader, sampler, train_set, start)
@@ -196,25 +201,33 @@ def train(
             seconds = (time.perf_counter() - tic) / (done - last_log)
             tic, last_log = time.perf_counter(), done
             bar.set_postfix({k: f"{v:.3f}" for k, v in logged.items()}, refresh=False)
-            if writer is not None:
-                for k, v in logged.items():
-                    writer.add_scalar(f"loss/{k}", v, done)
-                writer.add_scalar("lr/backbone", optimizer.param_groups[0]["lr"], done)
-                writer.add_scalar("time/step_s", seconds, done)
+            scalars = train_scalars(logged, optimizer, seconds)
+            log.scalars(done, scalars)
+            log.text(f"iter {done}/{cfg.train.max_iters}  " + "  ".join(f"{k} {v:.4g}" for k, v in scalars.items()),
+                     echo=False)  # fmt: skip
+            if "cls" in logged and done - cfg.train.log_interval < cfg.optim.warmup_iters <= done:
+                warning = chance_warning(logged["cls"], done, cfg)
+                if warning:
+                    log.text(warning)
             result.history.append({"step": done, **logged})
+        best = False
         if done % cfg.train.val_interval == 0 or done == cfg.train.max_iters:
-            result.val = _validate(raw_model, val_set, cfg, dist_info, writer, done)
-        if done % cfg.train.ckpt_interval == 0 or done == cfg.train.max_iters:
+            result.val = _validate(raw_model, val_set, cfg, dist_info, log, done)
+            best = keeper.is_best(result.val.metrics)
+        if best or done % cfg.train.ckpt_interval == 0 or done == cfg.train.max_iters:
             rng = all_gather_objects(rng_state())
+            result.checkpoint = work / f"iter_{done}.pth"
             if dist_info.is_main:
-                result.checkpoint = work / f"iter_{done}.pth"
                 save_checkpoint(
                     result.checkpoint, raw_model, cfg, classes, mean, std, done, optimizer, scheduler, rng
                 )
+            if best:
+                keeper.mark_best(done, result.checkpoint, result.val.metrics)
+            keeper.prune()
             barrier()
+        log.flush()
     bar.close()
-    if writer is not None:
-        writer.close()
+    log.close()
     return result
 
 
@@ -239,23 +252,12 @@ def _wrap(raw_model: WSSSModel, info: DistInfo) -> torch.nn.Module:
     return DistributedDataParallel(raw_model, device_ids=ids)
 
 
-def _writer(work: Path):
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(str(work / "tb"))
-
-
 def _validate(
-    raw_model: WSSSModel, val_set: VOCSegDataset, cfg: Config, info: DistInfo, writer, step: int
+    raw_model: WSSSModel, val_set: VOCSegDataset, cfg: Config, info: DistInfo, log: RunLogger, step: int
 ) -> ValResult:
     res = validate(raw_model, val_set, cfg, info.device, cfg.train.val_max_images)
-    if info.is_main:
-        summary = "  ".join(f"{k} {v:.2f}" for k, v in res.metrics.items())
-        tqdm.write(f"[iter {step}] val: {summary}")
-        if writer is not None:
-            for k, v in res.metrics.items():
-                writer.add_scalar(f"val/{k}", v if not math.isnan(v) else 0.0, step)
-            for name, picture in res.pictures.items():
-                writer.add_image(f"val/{name}", picture, step, dataformats="HWC")
-        tqdm.write(f"segmentation, iter {step}:\n{format_table(res.tables['seg'])}")
+    log.text(f"[iter {step}] val: " + "  ".join(f"{k} {v:.2f}" for k, v in res.metrics.items()))
+    log.scalars(step, val_scalars(res.tables))
+    log.images(step, {f"val/{name}": picture for name, picture in res.pictures.items()})
+    log.text(f"segmentation, iter {step}:\n{format_table(res.tables['seg'])}")
     return res
