@@ -11,7 +11,9 @@ path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages`` (a VOC r
     logits/<rel>.npy      (C, ceil(H/4), ceil(W/4)) float16 TTA logits at 1/4 resolution (--logits);
                           bilinear (align_corners=False) upsampling to (H, W) recovers the full map
     thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
-    index.html            gallery: thumbnail, mask overlay, CAM (--gallery, which implies --overlay --cams)
+    gt/<rel>.jpg          ground truth over the thumbnail (--gallery on a VOC split whose masks exist)
+    index.html            gallery: thumbnail, mask overlay, ground truth, CAM, legend of the classes present
+                          (--gallery, which implies --overlay --cams)
     image_labels.json     per image: the classes the classifier predicts present and those shown in the CAM
     run.json              the settings of the last run; summary.json: what it did
 
@@ -60,7 +62,7 @@ from wsss.data.transforms import normalize
 from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
-from wsss.inference.gallery import write_gallery
+from wsss.inference.gallery import find_ground_truth, write_gallery
 from wsss.inference.sources import Source, inside, list_folder, list_split, output_paths
 from wsss.inference.visualize import cam_overlay, mask_overlay
 from wsss.models.tta import predicted_classes, tta_forward
@@ -257,7 +259,9 @@ def run_inference(
     labels = _update_labels_file(output, loop.labels, ckpt["classes"], cfg.infer.cls_thresh)
     if opts.gallery:
         shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
-        write_gallery(output, shown, labels, cfg.infer.cls_thresh)
+        mask_dirs = (cfg.data.mask_dir, "SegmentationClass")
+        truth = find_ground_truth(input_path, mask_dirs, shown) if split is not None else {}
+        write_gallery(output, shown, labels, cfg.infer.cls_thresh, ckpt["classes"], truth)
     atomic_write_text(output / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
     return summary
 

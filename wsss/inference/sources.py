@@ -94,7 +94,8 @@ def list_split(root: str | Path, split: str) -> tuple[list[Source], list[Skipped
 
 
 def output_paths(output: Path, rel: str, kinds: Iterable[str]) -> dict[str, Path]:
-    """Output file of each kind (``masks``, ``overlays``, ``cams``, ``logits``, ``thumbs``) for input ``rel``."""
-    suffix = {"masks": ".png", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg"}
+    """Output file of each kind (``masks``, ``overlays``, ``cams``, ``logits``, ``thumbs``, ``gt``) for input
+    ``rel``."""
+    suffix = {"masks": ".png", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg", "gt": ".jpg"}
     stem = PurePosixPath(rel).with_suffix("")
     return {k: output / k / f"{stem}{suffix[k]}" for k in kinds}
