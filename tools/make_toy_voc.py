@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fresh = not toy_voc_is_complete(args.out_dir, args.num_train, args.num_val, args.seed, args.version)
     start = time.perf_counter()
-    root = make_toy_voc(args.out_dir, args.num_train, args.num_val, args.seed, args.version)
+    root = make_toy_voc(args.out_dir, args.num_train, args.num_val, args.seed, args.version, progress=True)
     took = f"generated in {time.perf_counter() - start:.1f} s" if fresh else "already complete, kept"
     if args.sheet:
         ids = (root / "ImageSets" / "Segmentation" / "train.txt").read_text().split()[:8]
