@@ -1,8 +1,10 @@
-"""tools/infer.py --cfg-options: the checkpoint's inference settings (infer.*) overridden as mmseg users do."""
+"""tools/infer.py: --cfg-options (the checkpoint's inference settings, infer.*, overridden as mmseg users do) and
+--follow-symlinks."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from tests.inference.test_runner import trained  # noqa: F401  (the module-scoped fixture)
 from tools import infer as infer_cli
@@ -24,3 +26,16 @@ def test_cfg_options_override_inference_settings(trained, tmp_path, capsys):  # 
     assert "Did you mean 'infer.scales'?" in capsys.readouterr().err
     assert infer_cli.main([*base, "--cfg-options", "model.backbone=vit_base_patch16_224"]) == 2
     assert "only infer.* keys" in capsys.readouterr().err
+
+
+def test_follow_symlinks_reads_a_folder_of_links(trained, tmp_path, capsys):  # noqa: F811
+    root, ckpt = trained
+    links = tmp_path / "val"
+    links.mkdir()
+    for image in sorted((root / "JPEGImages").glob("val_*.jpg")):
+        os.symlink(image, links / image.name)
+    assert infer_cli.main([str(ckpt), str(links), str(tmp_path / "safe"), "--no-progress"]) == 1  # nothing read
+    assert "--follow-symlinks reads it" in capsys.readouterr().out
+    out = tmp_path / "followed"
+    assert infer_cli.main([str(ckpt), str(links), str(out), "--no-progress", "--follow-symlinks"]) == 0
+    assert sorted(p.name for p in (out / "masks").iterdir()) == ["val_00000.png", "val_00001.png"]

@@ -100,6 +100,7 @@ class InferenceOptions:
         crf_workers: CRF processes; None takes ``infer.crf.workers`` (0: serial).
         progress: Show a progress bar.
         cfg_options: ``{"infer.key": value}`` overrides of the checkpoint's inference settings (``--cfg-options``).
+        follow_symlinks: Read symlinks to regular image files that resolve outside the input folder.
     """
 
     scales: Sequence[float] | None = None
@@ -115,6 +116,7 @@ class InferenceOptions:
     crf_workers: int | None = None
     progress: bool = True
     cfg_options: dict[str, Any] = field(default_factory=dict)
+    follow_symlinks: bool = False
 
     def kinds(self) -> list[str]:
         """Output kinds this run writes for every image."""
@@ -220,9 +222,9 @@ def run_inference(
     scales = tuple(cfg.infer.scales if opts.scales is None else opts.scales)
     flip = cfg.infer.flip if opts.flip is None else opts.flip
     if split is not None:
-        sources, skipped = list_split(input_path, split)
+        sources, skipped = list_split(input_path, split, opts.follow_symlinks)
     else:
-        sources, skipped = list_folder(input_path, exclude=output)
+        sources, skipped = list_folder(input_path, exclude=output, follow_symlinks=opts.follow_symlinks)
 
     output.mkdir(parents=True, exist_ok=True)
     summary = InferenceSummary(output=output, skipped=skipped)
