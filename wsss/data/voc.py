@@ -65,13 +65,15 @@ def resolve_root(root: str | Path) -> Path:
     return root
 
 
+def resolve_in_root(root: str | Path, name: str) -> Path:
+    """A file named in the data config: absolute, relative to the working directory, or relative to ``root``."""
+    path = Path(name)
+    return path if path.is_absolute() or path.exists() else Path(root) / path
+
+
 def config_classes(cfg: DataConfig) -> list[str]:
-    """The class names ``data.classes`` gives: a list, or a file (absolute, relative to the working directory, or
-    relative to ``data.root``)."""
-    if not isinstance(cfg.classes, str):
-        return load_classes(cfg.classes)
-    path = Path(cfg.classes)
-    return load_classes(path if path.is_absolute() or path.exists() else Path(cfg.root) / path)
+    """The class names ``data.classes`` gives: a list, or a file (see :func:`resolve_in_root`)."""
+    return load_classes(resolve_in_root(cfg.root, cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
 
 
 class _VOCBase(Dataset):
@@ -88,10 +90,6 @@ class _VOCBase(Dataset):
                 f"{len(missing)} id(s) in {self.split_file} have no image in {self.root / 'JPEGImages'} "
                 f"(first: {missing[:3]}). Remove them from the split file or add the images."
             )
-
-    def _resolve(self, name: str) -> Path:
-        path = Path(name)
-        return path if path.is_absolute() or path.exists() else self.root / path
 
     def _find_image(self, image_id: str) -> Path | None:
         for ext in IMAGE_SUFFIXES:
@@ -143,7 +141,7 @@ class VOCClsDataset(_VOCBase):
         with_mask: bool = False,
     ):
         super().__init__(cfg, cfg.train_split if split is None else split)
-        self.label_path = self._resolve(cfg.label_file)
+        self.label_path = resolve_in_root(self.root, cfg.label_file)
         self.labels = load_labels(self.label_path, self.classes)
         unlabelled = [i for i in self.ids if i not in self.labels]
         if unlabelled:

@@ -50,7 +50,7 @@ class RunLogger:
         _drop_lines_after(self.scalars_path, start)
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(work / "tb"))
+        self.writer = SummaryWriter(str(work / "tb"), purge_step=start or None)  # hides an abandoned run's tail
         self.text(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} run starts at iteration {start}")
 
     def text(self, message: str, echo: bool = True) -> None:
@@ -123,9 +123,8 @@ def val_scalars(tables: dict[str, SegMetrics]) -> dict[str, float]:
     out = {}
     for branch, result in tables.items():
         out.update({f"val/{branch}_{k}": v for k, v in result.summary.items()})
-    for branch, result in tables.items():
-        out.update({f"val_IoU_{branch}/{n}": float(v) for n, v in zip(result.class_names, result.per_class["IoU"],
-                                                                          strict=True)})  # fmt: skip
+        ious = zip(result.class_names, result.per_class["IoU"].tolist(), strict=True)
+        out.update({f"val_IoU_{branch}/{name}": iou for name, iou in ious})
     return out
 
 
