@@ -51,7 +51,8 @@ def test_scores_the_val_split_at_one_scale(trained, tiny_voc, capsys):
     expected = cm.compute(["mIoU"], class_names=["background", "cat", "dog"])
     written = json.loads((out / "metrics.json").read_text())
     assert written["mIoU"] == expected.summary["mIoU"] and written["tta"] is False
-    assert json.loads((out / "run.json").read_text())["scales"] == [1.0]
+    run = json.loads((out / "run.json").read_text())
+    assert run["scales"] == [1.0] and run["flip"] is False
 
 
 def test_show_dir_and_tta(trained, tmp_path):
