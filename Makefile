@@ -2,20 +2,29 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 TOY := data/toy_voc
 PYTEST_ARGS ?=
 
 .PHONY: install demo test test-fast lint bench-gpu clean-venv
 
+# mmengine and mmcv-lite require opencv-python, albumentations opencv-python-headless; both own cv2/, so one
+# overwrites the other's files. Keep the headless one (no GUI libraries needed) and reinstall it whole.
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip uninstall -q -y opencv-python
+	$(PY) -m pip install -q --force-reinstall --no-deps "$$(grep '^opencv-python-headless' requirements.txt)"
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)
 
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
+	@touch $(DEV_STAMP)
+
 install: $(STAMP)
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(PY) -m ruff check wsss tools tests bench configs
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
@@ -25,11 +34,11 @@ define run_pytest
 endef
 
 # Every test (CI runs this).
-test: $(STAMP) lint
+test: $(DEV_STAMP) lint
 	$(call run_pytest,)
 
 # The edit loop: every test but those marked slow (pytest.mark.slow).
-test-fast: $(STAMP) lint
+test-fast: $(DEV_STAMP) lint
 	$(call run_pytest,-m "not slow")
 
 demo: $(STAMP)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from wsss.data.classes import VOC_CLASSES, load_classes
-from wsss.evaluation.folders import evaluate_folders, save_metrics_json
+from wsss.evaluation.folders import check_classes_seen, classes_beside, evaluate_folders, save_metrics_json
 from wsss.evaluation.metrics import METRICS, format_table
 
 
@@ -25,7 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pred_dir", type=Path, help="predicted index masks (values 0..C-1)")
     parser.add_argument("gt_dir", type=Path, help="ground-truth index masks (values 0..C-1, ignore index)")
     classes = parser.add_mutually_exclusive_group()
-    classes.add_argument("--classes", help="class list file, background first (default: the 21 VOC classes)")
+    classes.add_argument(
+        "--classes",
+        help="class list file, background first (default: image_labels.json that tools/infer.py writes beside "
+        "the masks, else the 21 VOC classes, refused when the masks hold fewer labels)",
+    )
     classes.add_argument("--num-classes", type=int, help="number of classes, when there are no names")
     parser.add_argument("--ids", type=Path, help="score only the names listed in this file (e.g. val.txt)")
     parser.add_argument("--json", type=Path, help="write the metrics here as JSON")
@@ -41,10 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4, help="PNG decoding threads")
     args = parser.parse_args(argv)
 
+    found = None if args.classes or args.num_classes else classes_beside(args.pred_dir)
     if args.num_classes is not None:
         names = [str(i) for i in range(args.num_classes)]
     else:
-        names = load_classes(args.classes) if args.classes else list(VOC_CLASSES)
+        names = load_classes(args.classes) if args.classes else found[0] if found else list(VOC_CLASSES)
+    if found:
+        print(f"classes from {found[1]}: {', '.join(names)}")
     ids = args.ids.read_text().splitlines() if args.ids else None
     try:
         result = evaluate_folders(
@@ -60,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             num_workers=args.workers,
             progress=True,
         )
+        if not (args.classes or args.num_classes or found):
+            check_classes_seen(result, "the default VOC class list")
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -2,16 +2,19 @@
 
     python tools/infer.py CHECKPOINT INPUT [OUTPUT] [--scales 1.0 1.25 1.5] [--flip/--no-flip] [--crf]
         [--overlay] [--cams] [--logits] [--gallery] [--split FILE] [--max-size PX] [--batch-size N] [--device cuda|cpu]
-        [--overwrite]
+        [--overwrite] [--follow-symlinks] [--cfg-options infer.KEY=VALUE ...]
 
 INPUT is a folder (every image under it) or, with --split NAME|FILE, a VOC-layout root whose JPEGImages
 holds the split's images. OUTPUT defaults to INPUT_pred beside INPUT. Outputs mirror the input's relative
 paths: masks/ (palette PNG, class indices), overlays/, cams/ (JPEG), logits/ (float16 .npy at 1/4 size),
 index.html (--gallery); see wsss/inference/runner.py for the layout. Re-running skips images whose outputs all
-exist (--overwrite redoes them). Unreadable files and unsafe paths are skipped and listed in the summary;
+exist (--overwrite redoes them). Symlinks that resolve outside INPUT are skipped by default (a link could expose
+any file the process can read); --follow-symlinks reads those that point to regular image files, e.g. a val
+folder of links into JPEGImages. Unreadable files and unsafe paths are skipped and listed in the summary;
 the exit status is still 0 (1 when no image could be processed). Scales, flip, max size and CRF constants
-default to the checkpoint's config (infer.*). It runs wsss.inference.predictor.Segmenter, the Python predictor;
-CHECKPOINT may also be a tools/export.py --safetensors export.
+default to the checkpoint's config (infer.*); --cfg-options overrides any infer.* value. It runs
+wsss.inference.predictor.Segmenter, the Python predictor; CHECKPOINT may also be a tools/export.py
+--safetensors export.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from wsss.config import parse_cfg_options
 from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.utils.lifetime import exit_on_sigterm
 
@@ -46,6 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     parser.add_argument("--device", default=default_device, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy machine)")
+    parser.add_argument(
+        "--cfg-options", nargs="+", metavar="infer.KEY=VALUE",
+        help="override the checkpoint's inference settings, e.g. infer.cls_thresh=0.4 infer.crf.iterations=5",
+    )  # fmt: skip
+    parser.add_argument(
+        "--follow-symlinks", action="store_true",
+        help="read symlinks to image files that point outside INPUT (skipped by default, for safety)",
+    )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="redo images whose outputs exist")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -66,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         crf_workers=args.crf_workers,
         max_size=args.max_size,
         progress=not args.no_progress,
+        follow_symlinks=args.follow_symlinks,
     )
     try:
+        options.cfg_options = parse_cfg_options(args.cfg_options)
         summary = run_inference(args.checkpoint, args.input, args.output, args.split, options, args.device)
     except (FileNotFoundError, ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)

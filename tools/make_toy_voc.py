@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     fresh = not toy_voc_is_complete(args.out_dir, args.num_train, args.num_val, args.seed, args.version)
     start = time.perf_counter()
     try:
-        root = make_toy_voc(args.out_dir, args.num_train, args.num_val, args.seed, args.version, args.overwrite)
+        root = make_toy_voc(
+            args.out_dir, args.num_train, args.num_val, args.seed, args.version, args.overwrite, progress=True
+        )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,12 +1,14 @@
 """Train a model from a config.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT] | --overwrite] [--cfg-options k=v ...]
-        [--device cpu|cuda]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT] | --overwrite] [--amp | --no-amp]
+        [--cfg-options k=v ...] [--device cpu|cuda] [--launcher none|pytorch]
 
 A work dir holds one run: a second run in it stops with an error while the first holds its lock, and a fresh
 start over its checkpoints needs --resume (continue; the schedule follows the current config) or --overwrite.
 
-Several GPUs or nodes: ``torchrun --nproc-per-node N tools/train.py CONFIG``.
+Several GPUs or nodes: ``torchrun --nproc-per-node N tools/train.py CONFIG --launcher pytorch`` (the launcher
+is also read from the environment when not given). ``--local-rank`` (torch.distributed.launch) is accepted and
+ignored: each process takes LOCAL_RANK from the environment.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from wsss.config import load_config, parse_cfg_options
+from wsss.config import ConfigError, load_config, parse_cfg_options
 from wsss.engine.checkpoint import NonFiniteWeightsError
+from wsss.engine.distributed import check_launcher
 from wsss.engine.optim import NonFiniteLossError
 from wsss.engine.train import train
+from wsss.models.backbone import require_vision_transformer
 from wsss.utils.lifetime import exit_on_sigterm
 
 
@@ -32,14 +36,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--overwrite", action="store_true", help="start from scratch in a work dir that holds checkpoints (deleted)"
     )
+    parser.add_argument(
+        "--amp", action=argparse.BooleanOptionalAction, default=None,
+        help="bf16 autocast on GPU (default: train.amp in the config)",
+    )  # fmt: skip
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    parser.add_argument("--launcher", choices=("none", "pytorch"), help="default: from torchrun's environment")
+    parser.add_argument("--local-rank", "--local_rank", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.resume and args.overwrite:
         parser.error("--resume and --overwrite exclude each other")
     try:
-        cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
+        check_launcher(args.launcher)
+        options = parse_cfg_options(args.cfg_options)
+        if args.amp is not None:
+            options["train.amp"] = args.amp
+        cfg = load_config(args.config, options)
+        require_vision_transformer(cfg.model.backbone)
+    except (ConfigError, FileNotFoundError, RuntimeError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
         result = train(cfg, work_dir=args.work_dir, resume=args.resume, device=args.device, overwrite=args.overwrite)
     except (NonFiniteLossError, NonFiniteWeightsError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -221,7 +221,11 @@ class TrainConfig:
     log_interval: int = 50
     val_interval: int = 5000
     ckpt_interval: int = 5000
+    max_keep_ckpts: int = 3
+    """Newest ``iter_*.pth`` kept in the work dir, besides the best-validated and the last one; -1 keeps all."""
     val_max_images: int | None = None
+    chance_loss_ratio: float = 0.9
+    """Warn when the classification loss after the warm-up is still above this fraction of ln 2 (chance)."""
 
     def __post_init__(self) -> None:
         intervals = ("max_iters", "batch_size", "log_interval", "val_interval", "ckpt_interval")
@@ -384,6 +388,27 @@ def load_config(path: str | Path, options: dict[str, Any] | None = None) -> Conf
     data = raw.to_dict()
     data.pop("_base_", None)
     return from_dict(Config, data)
+
+
+def apply_options(cfg: Config, options: dict[str, Any], prefix: str = "") -> Config:
+    """``cfg`` with ``{"a.b": value}`` overrides merged as ``--cfg-options`` merges them, validated again.
+
+    Args:
+        cfg: The config to override (not modified).
+        options: Dotted keys -> values, as :func:`parse_cfg_options` returns them.
+        prefix: If given, only keys under it are allowed (``"infer."`` for inference settings).
+
+    Raises:
+        ConfigError: A key outside ``prefix``, an unknown key or a wrong type.
+    """
+    from mmengine.config import Config as MMConfig
+
+    outside = [k for k in options if not k.startswith(prefix)]
+    if outside:
+        raise ConfigError(f"--cfg-options: only {prefix}* keys can be set here, got '{outside[0]}'")
+    raw = MMConfig(to_dict(cfg))
+    raw.merge_from_dict(options)
+    return from_dict(Config, raw.to_dict())
 
 
 def dump_config(cfg: Config, path: str | Path) -> None:

@@ -294,8 +294,10 @@ def test_contact_sheet(toy_root, tmp_path):
 def test_cli(tmp_path, capsys):
     out, sheet = tmp_path / "voc", tmp_path / "sheet.png"
     assert main([str(out), "--num-train", "3", "--num-val", "2", "--seed", "5", "--sheet", str(sheet)]) == 0
-    first = capsys.readouterr().out.strip()
+    captured = capsys.readouterr()
+    first = captured.out.strip()
     assert first.count("\n") == 0 and "3 train + 2 val" in first and "generated" in first
+    assert "toy VOC: 100%" in captured.err and "5/5" in captured.err  # the progress bar
     assert sheet.is_file() and toy_voc_is_complete(out, 3, 2, 5)
     assert main([str(out), "--num-train", "3", "--num-val", "2", "--seed", "5"]) == 0
     assert "already complete" in capsys.readouterr().out

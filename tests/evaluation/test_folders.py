@@ -106,3 +106,30 @@ def test_cli_reduce_zero_label(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- mmseg registry
+
+
+def test_eval_cli_class_names_follow_the_dataset(tmp_path, capsys):
+    """A 7-class set: the VOC default is refused, image_labels.json beside the masks or --classes name them."""
+    rng = np.random.default_rng(0)
+    names = ["background", "disc", "ring", "triangle", "cross", "star", "striped_square"]
+    out = tmp_path / "run"
+    for i in range(3):
+        gt = rng.integers(0, 7, size=(10, 12)).astype(np.uint8)
+        save_mask(tmp_path / "gt" / f"im{i}.png", gt, voc_palette())
+        save_mask(out / "masks" / f"im{i}.png", gt)
+    pred, gt = str(out / "masks"), str(tmp_path / "gt")
+
+    assert eval_cli.main([pred, gt]) == 2
+    captured = capsys.readouterr()
+    assert "aeroplane" not in captured.out and "labels up to 6" in captured.err and "--num-classes 7" in captured.err
+
+    (out / "image_labels.json").write_text(json.dumps({"classes": names, "images": {}}))  # as tools/infer.py writes
+    assert eval_cli.main([pred, gt]) == 0
+    printed = capsys.readouterr().out
+    assert f"classes from {out / 'image_labels.json'}" in printed and "striped_square" in printed
+    assert "nan" not in printed.lower() and "aeroplane" not in printed
+
+    (tmp_path / "classes.txt").write_text("\n".join(["bg", *names[1:]]) + "\n")
+    assert eval_cli.main([pred, gt, "--classes", str(tmp_path / "classes.txt")]) == 0
+    printed = capsys.readouterr().out
+    assert "| bg " in printed and "classes from" not in printed

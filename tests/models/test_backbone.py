@@ -218,3 +218,13 @@ def test_contranorm_normalize_comes_from_the_config():
         cfg = AttentionConfig(name="contranorm", normalize=normalize)
         backbone = build_backbone("vit_tiny_patch16_224", backbone_kwargs={"depth": 2}, **attention_args(cfg))
         assert all(block.contra_norm.normalize is normalize for block in backbone.vit.blocks)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["swin_tiny_patch4_window7_224", "convnext_tiny", "vit_relpos_small_patch16_224", "naflexvit_base_patch16_gap",
+     "eva02_small_patch14_224"],
+)  # fmt: skip
+def test_other_architectures_get_the_project_error(name):
+    with pytest.raises(ValueError, match=f"model.backbone '{name}' is a timm .*needs a timm VisionTransformer"):
+        build_backbone(name, backbone_kwargs={"depth": 1})

@@ -44,6 +44,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 from PIL import Image
+from tqdm import tqdm
 
 from wsss.data.classes import voc_palette
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, read_image, read_mask, save_image, save_mask
@@ -604,8 +605,10 @@ def make_toy_voc(
     seed: int = 0,
     version: int = DEFAULT_TOY_VERSION,
     overwrite: bool = False,
+    progress: bool = False,
 ) -> Path:
     """Write toy set ``version`` in VOC layout into ``out_dir`` (see the module docstring) and return it.
+    ``progress`` shows a progress bar over the images.
 
     Idempotent: a complete dataset with the same parameters and version is left as it is. Otherwise the marker
     ``toy_meta.json`` is removed first and written last, so an interrupted run is redone next time;
@@ -634,6 +637,7 @@ def make_toy_voc(
 
     ids = _split_ids(num_train, num_val)
     palette = voc_palette()
+    bar = tqdm(total=num_train + num_val, desc="toy VOC", unit="img", dynamic_ncols=True, disable=not progress)
     for split_index, split in enumerate(SPLITS):
         for i, image_id in enumerate(ids[split]):
             sample = generate_sample(np.random.default_rng((seed, split_index, i)), version)
@@ -642,6 +646,8 @@ def make_toy_voc(
             save_mask(out_dir / "SegmentationClass" / f"{image_id}.png", sample.mask, palette)
             xml_text = annotation_xml(image_id, w, h, sample.objects)
             atomic_write_text(out_dir / "Annotations" / f"{image_id}.xml", xml_text)
+            bar.update(1)
+    bar.close()
 
     keep = {i for split in ids.values() for i in split}
     for sub in _IMAGE_DIRS:

@@ -87,17 +87,22 @@ def resolve_root(root: str | Path, image_dir: str = "JPEGImages") -> Path:
     return root
 
 
+def config_classes(cfg: DataConfig) -> list[str]:
+    """The class names ``data.classes`` gives: a list, or a file (see :func:`wsss.data.labels.under_root`)."""
+    if cfg.classes is None:
+        raise ValueError("data.classes is unset: give the class list (only the tags layout reads it from its file)")
+    return load_classes(under_root(cfg.root, cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
+
+
 class _VOCBase(Dataset):
     def __init__(self, cfg: DataConfig, split: str):
         self.cfg = cfg
         self.root = resolve_root(cfg.root, cfg.image_dir)
         self.tags = read_tags(self._resolve(cfg.label_file)) if cfg.layout == "tags" else None
-        if cfg.classes is not None:
-            self.classes = load_classes(self._resolve(cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
-        elif self.tags is not None:
+        if cfg.classes is None and self.tags is not None:
             self.classes = tag_classes(self.tags)
         else:
-            raise ValueError("data.classes is unset: give the class list (only the tags layout reads it from its file)")
+            self.classes = config_classes(cfg)
         if self.tags is not None and split in ("train", "val"):
             self.split_file = self._resolve(cfg.label_file)
             self.ids = hash_split(sorted(self.tags), cfg.val_fraction)[split == "val"]
@@ -184,6 +189,7 @@ class VOCClsDataset(_VOCBase):
         with_mask: bool = False,
     ):
         super().__init__(cfg, cfg.train_split if split is None else split)
+        self.label_path = self._resolve(cfg.label_file)
         self.labels = self.load_image_labels()
         self.augment = TrainAugment(cfg, mean, std)
         self.seed = seed

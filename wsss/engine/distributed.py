@@ -95,3 +95,20 @@ class ResumableSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples - self.start
+
+
+def check_launcher(launcher: str | None) -> None:
+    """Refuse a ``--launcher`` (mmseg's flag) that contradicts how the process was started.
+
+    Args:
+        launcher: ``pytorch`` (torchrun's environment must be set), ``none`` (must be a single process), or None
+            (whatever the environment says).
+    """
+    world = os.environ.get("WORLD_SIZE")
+    if launcher == "pytorch" and world is None:
+        raise RuntimeError(
+            "--launcher pytorch needs the environment torchrun sets (WORLD_SIZE, RANK, LOCAL_RANK): start with "
+            "`torchrun --nproc-per-node N tools/train.py CONFIG --launcher pytorch`"
+        )
+    if launcher == "none" and int(world or "1") > 1:
+        raise RuntimeError(f"--launcher none, but torchrun started {world} processes: use --launcher pytorch")

@@ -11,7 +11,6 @@ only where it synchronises anyway (log, validation, checkpoint), then stops befo
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -37,8 +36,10 @@ from wsss.engine.distributed import (
     barrier,
     init_distributed,
 )
+from wsss.engine.logger import RunLogger, chance_warning, start_summary, train_scalars, val_scalars
 from wsss.engine.optim import NonFiniteGuard, build_optimizer
 from wsss.engine.resume import config_changes, find_checkpoint, restore_training_state
+from wsss.engine.retention import CheckpointKeeper
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
 from wsss.engine.validate import ValResult, validate
@@ -192,11 +193,16 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     if dist_info.is_main:
         work.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, work / "config.py")
-        if ckpt_path is not None:
-            print(f"resuming from {ckpt_path} at iteration {start}")
-        if changes:
-            print(f"the config changed since that checkpoint ({'; '.join(changes)}); the new values apply, the "
-                  f"learning rate follows the new schedule from iteration {start}")  # fmt: skip
+    log = RunLogger(work, start, enabled=dist_info.is_main)
+    sizes = {cfg.data.train_split: len(train_set), cfg.data.val_split: len(val_set)}
+    log.text(start_summary(cfg, dist_info.device, dist_info.world_size, sizes, classes, train_set.label_path,
+                           raw_model))  # fmt: skip
+    if ckpt_path is not None:
+        log.text(f"resuming from {ckpt_path} at iteration {start}")
+    if changes:
+        log.text(f"the config changed since that checkpoint ({'; '.join(changes)}); the new values apply, the "
+                 f"learning rate follows the new schedule from iteration {start}")  # fmt: skip
+    keeper = CheckpointKeeper(work, cfg.train.max_keep_ckpts, start, writes=dist_info.is_main)
     model = _wrap(raw_model, dist_info)
     if cfg.train.compile:
         model = torch.compile(model)
@@ -215,7 +221,6 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     step = TrainingStep(cfg, mean, std, dist_info.device)
     guard = NonFiniteGuard(optimizer)
     meter = LossMeter()
-    writer = _writer(work) if dist_info.is_main else None
     result = TrainResult(work_dir=work, checkpoint=ckpt_path, step=start, model=raw_model, is_main=dist_info.is_main)
     model.train()
     data = batches(loader, sampler, train_set, start)
@@ -231,31 +236,41 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
         done = it + 1
         result.step = done
         bar.update(1)
-        log, val, save = (done % interval == 0 or done == cfg.train.max_iters for interval in intervals)
-        if log or val or save:  # the device is read here, never between
+        log_now, val_now, save_now = (done % interval == 0 or done == cfg.train.max_iters for interval in intervals)
+        if log_now or val_now or save_now:  # the device is read here, never between
             guard.raise_if_tripped(result.checkpoint)
-        if log:
+        if log_now:
             logged = meter.pop()
             seconds = (time.perf_counter() - tic) / (done - last_log)
             tic, last_log = time.perf_counter(), done
             bar.set_postfix({k: f"{v:.3f}" for k, v in logged.items()}, refresh=False)
-            if writer is not None:
-                for k, v in logged.items():
-                    writer.add_scalar(f"loss/{k}", v, done)
-                writer.add_scalar("lr/backbone", optimizer.param_groups[0]["lr"], done)
-                writer.add_scalar("time/step_s", seconds, done)
+            scalars = train_scalars(logged, optimizer, seconds)
+            log.scalars(done, scalars)
+            log.text(f"iter {done}/{cfg.train.max_iters}  " + "  ".join(f"{k} {v:.4g}" for k, v in scalars.items()),
+                     echo=False)  # fmt: skip
+            if "cls" in logged and done - cfg.train.log_interval < cfg.optim.warmup_iters <= done:
+                warning = chance_warning(logged["cls"], done, cfg)
+                if warning:
+                    log.text(warning)
             result.history.append({"step": done, **logged})
-        if val:
-            result.val = _validate(raw_model, val_set, cfg, dist_info, writer, done)
-        if save:
+        best = False
+        if val_now:
+            result.val = _validate(raw_model, val_set, cfg, dist_info, log, done)
+            best = keeper.is_best(result.val.metrics)
+        if best or save_now:
             rng = all_gather_objects(rng_state())
+            result.checkpoint = work / f"iter_{done}.pth"
             if dist_info.is_main:
-                result.checkpoint = work / f"iter_{done}.pth"
-                save_checkpoint(result.checkpoint, raw_model, cfg, classes, mean, std, done, optimizer, scheduler, rng)
+                save_checkpoint(
+                    result.checkpoint, raw_model, cfg, classes, mean, std, done, optimizer, scheduler, rng
+                )
+            if best:
+                keeper.mark_best(done, result.checkpoint, result.val.metrics)
+            keeper.prune()
             barrier()
+        log.flush()
     bar.close()
-    if writer is not None:
-        writer.close()
+    log.close()
     return result
 
 
@@ -280,26 +295,17 @@ def _wrap(raw_model: WSSSModel, info: DistInfo) -> torch.nn.Module:
     return DistributedDataParallel(raw_model, device_ids=ids)
 
 
-def _writer(work: Path):
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(str(work / "tb"))
-
-
 def _validate(
-    raw_model: WSSSModel, val_set: VOCSegDataset | TaggedValDataset, cfg: Config, info: DistInfo, writer, step: int
+    raw_model: WSSSModel, val_set: VOCSegDataset | TaggedValDataset, cfg: Config, info: DistInfo, log: RunLogger,
+    step: int,
 ) -> ValResult:
     res = validate(raw_model, val_set, cfg, info.device, cfg.train.val_max_images)
-    if info.is_main:
-        summary = "  ".join(f"{k} {v:.2f}" for k, v in res.metrics.items())
-        tqdm.write(f"[iter {step}] val: {summary}")
-        if writer is not None:
-            for k, v in res.metrics.items():
-                writer.add_scalar(f"val/{k}", v if not math.isnan(v) else 0.0, step)
-            for name, picture in res.pictures.items():
-                writer.add_image(f"val/{name}", picture, step, dataformats="HWC")
-        if "seg" in res.tables:
-            tqdm.write(f"segmentation, iter {step}:\n{format_table(res.tables['seg'])}")
-        for note in res.notes:
-            tqdm.write(f"note: {note}")
+    log.text(f"[iter {step}] val: " + "  ".join(f"{k} {v:.2f}" for k, v in res.metrics.items()))
+    tag_scores = {f"val/{k}": v for k, v in res.metrics.items() if k.startswith("cls_")}  # a tag-only val set
+    log.scalars(step, {**tag_scores, **val_scalars(res.tables)})
+    log.images(step, {f"val/{name}": picture for name, picture in res.pictures.items()})
+    if "seg" in res.tables:
+        log.text(f"segmentation, iter {step}:\n{format_table(res.tables['seg'])}")
+    for note in res.notes:
+        log.text(f"note: {note}")
     return res

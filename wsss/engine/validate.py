@@ -19,10 +19,12 @@ from wsss.data.voc import TaggedValDataset, VOCSegDataset, collate_list
 from wsss.engine.distributed import all_gather_objects
 from wsss.evaluation.classification import multilabel_scores
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
-from wsss.inference.visualize import cam_overlay, mask_overlay
+from wsss.inference.visualize import cam_overlay, mask_overlay, titled_panels
 from wsss.models.segmentor import WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
+
+PANEL_TITLES = ("image", "CAM", "pseudo label", "prediction", "ground truth")
 
 
 @dataclass
@@ -32,7 +34,8 @@ class ValResult:
     metrics: dict[str, float]
     tables: dict[str, SegMetrics] = field(default_factory=dict)
     pictures: dict[str, np.ndarray] = field(default_factory=dict)
-    """Name -> (H, W, 3) uint8: the image, CAM, pseudo label, prediction and ground truth side by side."""
+    """Name -> (H, W, 3) uint8: the image, CAM, pseudo label, prediction and ground truth side by side, each
+    titled (:data:`PANEL_TITLES`)."""
     notes: list[str] = field(default_factory=list)
     """What could not be measured, and why."""
 
@@ -97,7 +100,7 @@ def validate(
                 mask_overlay(raw, seg[0].cpu().numpy()),
                 mask_overlay(raw, gt.cpu().numpy()),
             ]
-            pictures[str(batch["id"][0])] = np.concatenate(panels, axis=1)
+            pictures[str(batch["id"][0])] = titled_panels(panels, PANEL_TITLES)
     if was_training:
         model.train()
     metrics, tables = {}, {}

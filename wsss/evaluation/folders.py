@@ -169,6 +169,37 @@ def _some(items: Sequence[str], n: int = 5) -> str:
     return head + (f", ... ({len(items) - n} more)" if len(items) > n else "")
 
 
+def classes_beside(pred_dir: str | Path) -> tuple[list[str], Path] | None:
+    """The class list ``tools/infer.py`` wrote beside its masks: ``image_labels.json`` (``classes``) in the masks'
+    folder or its parent; with the file it came from. None when there is none."""
+    for folder in (Path(pred_dir), Path(pred_dir).parent):
+        path = folder / "image_labels.json"
+        try:
+            classes = json.loads(path.read_text())["classes"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(classes, list) and len(classes) >= 2 and all(isinstance(c, str) for c in classes):
+            return classes, path
+    return None
+
+
+def check_classes_seen(result: SegMetrics, source: str) -> None:
+    """Refuse a class list longer than the masks: when the last classes appear in neither predictions nor ground
+    truth, the names are likely another dataset's (e.g. VOC's 21 on a 7-class set).
+
+    Raises:
+        ValueError: The highest label in the masks is below the last class; the message says how to fix it.
+    """
+    seen = np.flatnonzero(~np.isnan(result.per_class["IoU"]))
+    last = int(seen.max()) if seen.size else -1
+    names = result.class_names
+    if last < len(names) - 1:
+        raise ValueError(
+            f"the masks hold labels up to {last}, but {source} has {len(names)} classes ({', '.join(names[:3])}, "
+            f"...): pass --classes FILE (one name per line, background first) or --num-classes {last + 1}"
+        )
+
+
 def save_metrics_json(result: SegMetrics, path: str | Path, **extra: Any) -> None:
     """Write :meth:`SegMetrics.to_dict` (plus ``extra`` keys) as JSON, atomically. NaN is written as null."""
     atomic_write_text(path, json.dumps({**result.to_dict(), **extra}, indent=2) + "\n")

@@ -1,12 +1,15 @@
 """``WSSSIoUMetric``: the wsss confusion matrix as an mmengine metric in mmseg's ``METRICS`` registry.
 
-Importing this module imports mmseg and registers the metric; :mod:`wsss.evaluation.metrics` itself never imports
-mmseg. From an mmseg config::
+Importing this module imports mmseg and registers the metric in mmseg's registry and in mmengine's root one, so
+``type="WSSSIoUMetric"`` resolves under ``default_scope="mmseg"`` and under mmengine's default scope alike;
+:mod:`wsss.evaluation.metrics` itself never imports mmseg. From an mmseg or mmengine config::
 
     custom_imports = dict(imports=["wsss.evaluation.mmseg_metric"], allow_failed_imports=False)
     val_evaluator = dict(type="WSSSIoUMetric", iou_metrics=["mIoU"])
 
-From Python, ``import wsss.evaluation.mmseg_metric`` does the same.
+From Python, ``import wsss.evaluation.mmseg_metric`` does the same. With ``mmcv-lite`` (no compiled ops), the
+mmseg scope's visualizer and hooks cannot be imported (``mmseg.utils`` needs ``mmcv.ops``): run such a Runner
+in mmengine's default scope, as ``tests/evaluation/test_mmseg_runner.py`` does.
 The arguments and returned keys are those of mmseg's ``IoUMetric``; the numbers agree with it (see the
 one documented difference in :mod:`wsss.evaluation.metrics`).
 """
@@ -20,6 +23,7 @@ try:
     from mmengine.dist import is_main_process
     from mmengine.evaluator import BaseMetric
     from mmengine.logging import print_log
+    from mmengine.registry import METRICS as MMENGINE_METRICS
     from mmseg.registry import METRICS
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -31,6 +35,7 @@ from wsss.evaluation.metrics import ConfusionMatrix, format_table
 from wsss.utils.fileio import save_mask
 
 
+@MMENGINE_METRICS.register_module(force=True)
 @METRICS.register_module(force=True)
 class WSSSIoUMetric(BaseMetric):
     """mmseg ``IoUMetric`` computed with :class:`wsss.evaluation.metrics.ConfusionMatrix`.

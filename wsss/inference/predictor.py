@@ -88,10 +88,15 @@ class Segmenter:
         self.cfg = cfg
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path | dict[str, Any], device: str | torch.device | None = None) -> Segmenter:
+    def from_checkpoint(
+        cls,
+        path: str | Path | dict[str, Any],
+        device: str | torch.device | None = None,
+        infer: InferConfig | None = None,
+    ) -> Segmenter:
         """Rebuild the model from a wsss checkpoint (``.pth``), an export of ``tools/export.py --safetensors``,
         or what :func:`~wsss.engine.checkpoint.load_checkpoint` returned. ``device`` defaults to CUDA when
-        available.
+        available; ``infer``, the inference settings, to the checkpoint's ``infer.*``.
 
         Raises:
             FileNotFoundError: The file is missing.
@@ -102,7 +107,7 @@ class Segmenter:
         ckpt = path if isinstance(path, dict) else read_model_file(path)
         cfg: Config = config_from_checkpoint(ckpt)
         model, _ = model_from_checkpoint(ckpt, device)
-        return cls(model, ckpt["classes"], ckpt["mean"], ckpt["std"], cfg.infer)
+        return cls(model, ckpt["classes"], ckpt["mean"], ckpt["std"], cfg.infer if infer is None else infer)
 
     @property
     def device(self) -> torch.device:

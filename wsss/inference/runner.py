@@ -13,7 +13,9 @@ under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive
     logits/<rel>.npy      (C, ceil(H/4), ceil(W/4)) float16 TTA logits at 1/4 resolution (--logits);
                           bilinear (align_corners=False) upsampling to (H, W) recovers the full map
     thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
-    index.html            gallery: thumbnail, mask overlay, CAM (--gallery, which implies --overlay --cams)
+    gt/<rel>.jpg          ground truth over the thumbnail (--gallery on a VOC split whose masks exist)
+    index.html            gallery: thumbnail, mask overlay, ground truth, CAM, legend of the classes present
+                          (--gallery, which implies --overlay --cams)
     labels/<rel>.json     the image's classes: those the classifier predicts present, those shown in the CAM
                           (written with the image's other outputs, so an interrupted run loses none)
     image_labels.json     every image's labels/ entry in one file, merged at the end of each run
@@ -58,12 +60,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from wsss.config import apply_options
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped
 from wsss.engine.checkpoint import config_from_checkpoint
 from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
-from wsss.inference.gallery import write_gallery
+from wsss.inference.gallery import find_ground_truth, write_gallery
 from wsss.inference.predictor import Segmenter, read_model_file
 from wsss.inference.sources import Source, inside, list_folder, list_split, output_paths
 from wsss.inference.visualize import cam_overlay, mask_overlay
@@ -103,6 +106,8 @@ class InferenceOptions:
         crf_workers: CRF processes; None takes ``infer.crf.workers`` (0: serial).
         max_size: Longest side the model sees; None takes ``infer.max_size`` (see :class:`Segmenter`).
         progress: Show a progress bar.
+        cfg_options: ``{"infer.key": value}`` overrides of the checkpoint's inference settings (``--cfg-options``).
+        follow_symlinks: Read symlinks to regular image files that resolve outside the input folder.
     """
 
     scales: Sequence[float] | None = None
@@ -118,6 +123,8 @@ class InferenceOptions:
     crf_workers: int | None = None
     max_size: int | None = None
     progress: bool = True
+    cfg_options: dict[str, Any] = field(default_factory=dict)
+    follow_symlinks: bool = False
 
     def kinds(self) -> list[str]:
         """Output kinds this run writes for every image."""
@@ -219,14 +226,14 @@ def run_inference(
         raise ValueError(f"the output folder must differ from the input folder ({output})")
 
     ckpt = read_model_file(checkpoint)
-    cfg = config_from_checkpoint(ckpt)
+    cfg = apply_options(config_from_checkpoint(ckpt), opts.cfg_options, prefix="infer.")
     scales = tuple(cfg.infer.scales if opts.scales is None else opts.scales)
     flip = cfg.infer.flip if opts.flip is None else opts.flip
     max_size = cfg.infer.max_size if opts.max_size is None else opts.max_size
     if split is not None:
-        sources, skipped = list_split(input_path, split)
+        sources, skipped = list_split(input_path, split, opts.follow_symlinks)
     else:
-        sources, skipped = list_folder(input_path, exclude=output)
+        sources, skipped = list_folder(input_path, exclude=output, follow_symlinks=opts.follow_symlinks)
 
     output.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(output, recursive=True)  # of killed runs; a live run's are kept
@@ -251,7 +258,7 @@ def run_inference(
         if opts.crf and todo:  # workers start before the model exists (see CrfPool)
             pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers))
         setup = LoopSetup(
-            segmenter=Segmenter.from_checkpoint(ckpt, device), kinds=kinds, scales=scales, flip=flip,
+            segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer), kinds=kinds, scales=scales, flip=flip,
             max_size=max_size, logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size,
             num_workers=opts.num_workers, progress=opts.progress,
         )  # fmt: skip
@@ -263,7 +270,9 @@ def run_inference(
     labels = _update_labels_file(output, finished, ckpt["classes"], cfg.infer.cls_thresh)
     if opts.gallery:
         shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
-        write_gallery(output, shown, labels, cfg.infer.cls_thresh)
+        mask_dirs = (cfg.data.mask_dir, "SegmentationClass")
+        truth = find_ground_truth(input_path, mask_dirs, shown) if split is not None else {}
+        write_gallery(output, shown, labels, cfg.infer.cls_thresh, ckpt["classes"], truth)
     atomic_write_text(output / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
     return summary
 

@@ -1,8 +1,9 @@
 """Inference inputs and output paths: image folders, VOC splits, and path safety.
 
-Input files whose resolved path (symlinks followed) lies outside the input folder, split ids that are
-absolute or contain ``..``, and outputs whose resolved path would lie outside OUTPUT (a symlinked output
-folder) are skipped with a reason. Files under OUTPUT are never read as inputs when OUTPUT lies inside INPUT.
+Input files whose resolved path (symlinks followed) lies outside the input folder (unless ``follow_symlinks``
+and the file is a symlink to a regular file), split ids that are absolute or contain ``..``, and outputs whose
+resolved path would lie outside OUTPUT (a symlinked output folder) are skipped with a reason. Files under
+OUTPUT are never read as inputs when OUTPUT lies inside INPUT.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from wsss.data.folder import Skipped, scan_folder
 from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
 
-__all__ = ["Source", "inside", "list_folder", "list_split", "output_paths", "safe_relative"]
+__all__ = ["Source", "followable", "inside", "list_folder", "list_split", "output_paths", "safe_relative"]
 
 
 @dataclass
@@ -31,16 +32,25 @@ def inside(path: Path, root: Path) -> bool:
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
 
 
-def list_folder(root: str | Path, exclude: str | Path | None = None) -> tuple[list[Source], list[Skipped]]:
+def followable(path: Path, follow_symlinks: bool) -> bool:
+    """Whether ``path``, which resolves outside its input folder, may be read anyway: with ``follow_symlinks``, a
+    symlink to a regular file."""
+    return follow_symlinks and path.is_symlink() and os.path.isfile(os.path.realpath(path))
+
+
+def list_folder(
+    root: str | Path, exclude: str | Path | None = None, follow_symlinks: bool = False
+) -> tuple[list[Source], list[Skipped]]:
     """Image files under ``root`` (recursive, sorted; symlinked folders are not entered).
 
     Args:
         root: The input folder.
         exclude: A folder whose files are never inputs (the output folder, when it lies inside ``root``).
+        follow_symlinks: Also read symlinks to regular files that resolve outside ``root``.
 
     Returns:
         The images, and the files skipped with their reasons: non-image files, and symlinks resolving
-        outside ``root``.
+        outside ``root`` (unless ``follow_symlinks``).
     """
     root = Path(root)
     rels, skipped = scan_folder(root)
@@ -49,8 +59,9 @@ def list_folder(root: str | Path, exclude: str | Path | None = None) -> tuple[li
         path = root / rel
         if exclude is not None and inside(path, exclude) and inside(Path(exclude), root):
             continue
-        if not inside(path, root):
-            skipped.append(Skipped(rel, f"resolves outside the input folder ({os.path.realpath(path)})"))
+        if not inside(path, root) and not followable(path, follow_symlinks):
+            reason = f"resolves outside the input folder ({os.path.realpath(path)}); --follow-symlinks reads it"
+            skipped.append(Skipped(rel, reason))
             continue
         sources.append(Source(PurePosixPath(Path(rel)).as_posix(), path))
     return sources, skipped
@@ -66,12 +77,14 @@ def safe_relative(name: str) -> str | None:
     return PurePosixPath(*[p for p in parts if p != "."]).as_posix() or None
 
 
-def list_split(root: str | Path, split: str) -> tuple[list[Source], list[Skipped]]:
+def list_split(
+    root: str | Path, split: str, follow_symlinks: bool = False
+) -> tuple[list[Source], list[Skipped]]:
     """Images of a VOC-layout root listed by a split (a name under ``ImageSets/Segmentation`` or a file).
 
     Ids are looked up as ``JPEGImages/<id>{.jpg,.jpeg,.png}``; relative paths are taken from JPEGImages.
     Ids that are absolute or contain ``..``, ids without an image, and images resolving outside
-    JPEGImages are skipped with a reason.
+    JPEGImages (unless ``follow_symlinks`` and a symlink to a regular file) are skipped with a reason.
     """
     base = Path(root) / "JPEGImages"
     if not base.is_dir():
@@ -85,8 +98,9 @@ def list_split(root: str | Path, split: str) -> tuple[list[Source], list[Skipped
         path = next((base / f"{rel_id}{ext}" for ext in IMAGE_SUFFIXES if (base / f"{rel_id}{ext}").is_file()), None)
         if path is None:
             skipped.append(Skipped(image_id, f"no image JPEGImages/{rel_id}{{{','.join(IMAGE_SUFFIXES)}}}"))
-        elif not inside(path, base):
-            skipped.append(Skipped(image_id, f"resolves outside JPEGImages ({os.path.realpath(path)})"))
+        elif not inside(path, base) and not followable(path, follow_symlinks):
+            reason = f"resolves outside JPEGImages ({os.path.realpath(path)}); --follow-symlinks reads it"
+            skipped.append(Skipped(image_id, reason))
         elif rel_id not in seen:
             seen.add(rel_id)
             sources.append(Source(path.relative_to(base).as_posix(), path))
@@ -94,10 +108,11 @@ def list_split(root: str | Path, split: str) -> tuple[list[Source], list[Skipped
 
 
 def output_paths(output: Path, rel: str, kinds: Iterable[str]) -> dict[str, Path]:
-    """Output file of each kind (``masks``, ``labels``, ``overlays``, ``cams``, ``logits``, ``thumbs``) for input
-    ``rel``."""
+    """Output file of each kind (``masks``, ``labels``, ``overlays``, ``cams``, ``logits``, ``thumbs``, ``gt``) for
+    input ``rel``."""
     suffix = {
-        "masks": ".png", "labels": ".json", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg"
+        "masks": ".png", "labels": ".json", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg",
+        "gt": ".jpg",
     }  # fmt: skip
     stem = PurePosixPath(rel).with_suffix("")
     return {k: output / k / f"{stem}{suffix[k]}" for k in kinds}

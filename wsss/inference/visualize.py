@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+from PIL import Image, ImageDraw
 
 from wsss.data.classes import voc_palette
 
 _PALETTE = voc_palette()
+TITLE_HEIGHT = 14
+"""Pixels of the band above each titled panel (PIL's default font is about 10 px high)."""
 
 
 def colorize(mask: np.ndarray, palette: np.ndarray = _PALETTE) -> np.ndarray:
@@ -41,3 +46,13 @@ def cam_overlay(image: np.ndarray, cam: np.ndarray, alpha: float = 0.5) -> np.nd
     if cam.ndim == 3:
         cam = cam.max(axis=0) if cam.shape[0] else np.zeros(cam.shape[1:], np.float32)
     return overlay(image, heatmap(cam), alpha)
+
+
+def titled_panels(panels: Sequence[np.ndarray], titles: Sequence[str]) -> np.ndarray:
+    """(H, W, 3) uint8 panels side by side, each under a black band with its title in white."""
+    columns = []
+    for panel, title in zip(panels, titles, strict=True):
+        band = Image.new("RGB", (panel.shape[1], TITLE_HEIGHT))
+        ImageDraw.Draw(band).text((3, 1), title, fill=(255, 255, 255))
+        columns.append(np.concatenate([np.asarray(band), panel], axis=0))
+    return np.concatenate(columns, axis=1)

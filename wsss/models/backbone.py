@@ -33,6 +33,7 @@ __all__ = [
     "build_backbone",
     "create_vit",
     "load_timm_checkpoint",
+    "require_vision_transformer",
     "resolve_block_indices",
 ]
 
@@ -158,6 +159,7 @@ def create_vit(
     backbone_kwargs: Mapping[str, Any] | None = None,
 ) -> VisionTransformer:
     """The plain timm model with its weights (see :func:`build_backbone` for the arguments)."""
+    require_vision_transformer(name)
     kwargs = {
         "dynamic_img_size": True,
         "dynamic_img_pad": True,
@@ -179,11 +181,25 @@ def create_vit(
             ) from err
     else:
         vit = timm.create_model(name, pretrained=False, **kwargs)
-    if not isinstance(vit, VisionTransformer):
-        raise TypeError(f"'{name}' is a {type(vit).__name__}; wsss needs a timm VisionTransformer")
     if pretrained and not from_hub:
         load_timm_checkpoint(vit, pretrained)
     return vit
+
+
+def require_vision_transformer(name: str) -> None:
+    """Refuse a timm model that is not a ``VisionTransformer`` (swin, convnext, eva, relpos, naflex ViTs...)
+    before timm builds it with arguments it may not take; the check builds it on the meta device (no memory).
+
+    Raises:
+        ValueError: ``name`` is another architecture; the message says which.
+    """
+    with torch.device("meta"):
+        model = timm.models.model_entrypoint(name)(pretrained=False)
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(
+            f"model.backbone '{name}' is a timm {type(model).__name__}; wsss needs a timm VisionTransformer "
+            "(vit_*, deit_*, dinov2 / reg4 ViTs: timm.list_models('vit_*'))"
+        )
 
 
 def load_timm_checkpoint(vit: VisionTransformer, path: str | Path) -> None:

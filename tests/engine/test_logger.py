@@ -1,0 +1,79 @@
+"""What a run leaves in its work dir: log.txt, scalars.jsonl, TensorBoard; the start summary and the
+chance-level warning."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import tiny_config
+from wsss.engine.logger import chance_warning
+from wsss.engine.train import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def read_rows(work):
+    return [json.loads(line) for line in (work / "scalars.jsonl").read_text().splitlines()]
+
+
+def test_work_dir_log_scalars_and_tensorboard(tiny_voc, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_config(tiny_voc, max_iters=4, val_interval=4, log_interval=2)
+    result = train(cfg, work_dir=tmp_path, device="cpu")
+    rows = read_rows(tmp_path)
+    assert [r["step"] for r in rows] == [2, 4]  # one object per logged iteration, val merged into it
+    for row, hist in zip(rows, result.history, strict=True):
+        assert row["loss/total"] == pytest.approx(hist["loss"]) and row["loss/cls"] == pytest.approx(hist["cls"])
+        assert row["lr/heads"] == pytest.approx(cfg.optim.head_lr_mult * row["lr/backbone"])
+    last = rows[-1]
+    assert last["val/seg_mIoU"] == pytest.approx(result.val.metrics["seg_mIoU"], nan_ok=True)
+    assert {"val/seg_aAcc", "val/seg_mAcc", "val/cam_aAcc", "val_IoU_seg/cat", "val_IoU_cam/dog"} <= last.keys()
+
+    log = (tmp_path / "log.txt").read_text()
+    params = sum(p.numel() for p in result.model.parameters()) / 1e6
+    for line in ("device      cpu", "classes     3 (background, cat, dog)", "3 train images, 2 val images",
+                 f"labels      {tiny_voc / 'cls_labels.json'}", f"parameters  {params:.2f} M", "iter 4/4",
+                 "[iter 4] val: cam_mIoU"):  # fmt: skip
+        assert line in log, line
+
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    tags = events.Tags()
+    assert {"loss/total", "lr/backbone", "lr/heads", "val/seg_aAcc", "val/seg_mAcc", "val_IoU_seg/dog"} <= set(
+        tags["scalars"]
+    )
+    assert {"val/b1", "val/b2"} <= set(tags["images"])
+
+
+def test_resume_keeps_one_line_per_step(tiny_voc, tmp_path):
+    cfg = tiny_config(tiny_voc, max_iters=3, ckpt_interval=3)
+    train(cfg, work_dir=tmp_path, device="cpu")
+    with open(tmp_path / "scalars.jsonl", "a") as f:  # what an interrupted run past the checkpoint leaves
+        f.write(json.dumps({"step": 5, "loss/total": 9.0}) + "\n")
+    train(tiny_config(tiny_voc, max_iters=6, ckpt_interval=3), work_dir=tmp_path, resume=True, device="cpu")
+    assert [r["step"] for r in read_rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
+    assert read_rows(tmp_path)[4]["loss/total"] != 9.0
+    assert (tmp_path / "log.txt").read_text().count("run starts at iteration") == 2
+
+
+def test_chance_warning():
+    cfg = tiny_config(".")
+    chance = math.log(2)
+    assert chance_warning(0.2, 2500, cfg) is None
+    assert chance_warning(0.95 * cfg.train.chance_loss_ratio * chance, 2500, cfg) is None
+    message = chance_warning(chance, 2500, cfg)
+    assert message.startswith("warning: after 2500 iterations") and "not learning" in message
+
+
+def test_chance_warning_once_after_warmup(tiny_voc, tmp_path, capsys):
+    cfg = tiny_config(tiny_voc, max_iters=5, chance_loss_ratio=0.0)  # any loss counts as chance here
+    train(cfg, work_dir=tmp_path, device="cpu")
+    log = (tmp_path / "log.txt").read_text()
+    assert log.count("warning: after") == 1 and "warning: after 2 iterations (warm-up 2)" in log
+    assert "warning: after 2 iterations" in capsys.readouterr().out
+    cfg = tiny_config(tiny_voc, max_iters=5, chance_loss_ratio=10.0)
+    train(cfg, work_dir=tmp_path / "ok", device="cpu")
+    assert "warning: after" not in (tmp_path / "ok" / "log.txt").read_text()

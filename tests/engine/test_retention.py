@@ -1,0 +1,63 @@
+"""Checkpoint retention: the newest train.max_keep_ckpts, the best validated one and the last one."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import tiny_config
+from wsss.engine.checkpoint import LAST_CHECKPOINT
+from wsss.engine.retention import BEST_FILE, CheckpointKeeper
+from wsss.engine.train import train
+
+
+def make_checkpoints(work, steps):
+    for s in steps:
+        (work / f"iter_{s}.pth").write_bytes(b"x")
+    (work / LAST_CHECKPOINT).write_text(f"iter_{steps[-1]}.pth\n")
+    (work / "notes.pth").write_bytes(b"not ours")
+
+
+def names(work):
+    return sorted(p.name for p in work.glob("*.pth"))
+
+
+def test_keeps_newest_best_and_last(tmp_path):
+    make_checkpoints(tmp_path, [1, 2, 3, 4, 5, 10])
+    keeper = CheckpointKeeper(tmp_path, max_keep=2, start=0)
+    keeper.mark_best(2, tmp_path / "iter_2.pth", {"seg_mIoU": 40.0})
+    removed = keeper.prune()
+    assert sorted(p.name for p in removed) == ["iter_1.pth", "iter_3.pth", "iter_4.pth"]
+    assert names(tmp_path) == ["iter_10.pth", "iter_2.pth", "iter_5.pth", "notes.pth"]
+    assert json.loads((tmp_path / BEST_FILE).read_text()) == {"step": 2, "checkpoint": "iter_2.pth", "seg_mIoU": 40.0}
+
+
+def test_fewer_than_max_keep_and_keep_all(tmp_path):
+    make_checkpoints(tmp_path, [3, 6])
+    assert CheckpointKeeper(tmp_path, max_keep=3, start=0).prune() == []
+    assert CheckpointKeeper(tmp_path, max_keep=0, start=0).prune() == [tmp_path / "iter_3.pth"]  # the last stays
+    make_checkpoints(tmp_path, [1, 2, 3, 4])
+    assert CheckpointKeeper(tmp_path, max_keep=-1, start=0).prune() == []
+
+
+def test_best_record_survives_resume_but_not_an_abandoned_future(tmp_path):
+    (tmp_path / BEST_FILE).write_text(json.dumps({"step": 4, "checkpoint": "iter_4.pth", "seg_mIoU": 50.0}))
+    resumed = CheckpointKeeper(tmp_path, max_keep=1, start=4)
+    assert not resumed.is_best({"seg_mIoU": 49.0}) and resumed.is_best({"seg_mIoU": 51.0})
+    assert not resumed.is_best({"seg_mIoU": math.nan})
+    assert CheckpointKeeper(tmp_path, max_keep=1, start=3).is_best({"seg_mIoU": 1.0})
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_training_keeps_what_it_should(tiny_voc, tmp_path):
+    cfg = tiny_config(tiny_voc, max_iters=6, ckpt_interval=1, val_interval=2, max_keep_ckpts=2, val_max_images=1)
+    train(cfg, work_dir=tmp_path, device="cpu")
+    rows = [json.loads(line) for line in (tmp_path / "scalars.jsonl").read_text().splitlines()]
+    val = {r["step"]: r["val/seg_mIoU"] for r in rows if "val/seg_mIoU" in r}
+    assert sorted(val) == [2, 4, 6]
+    best_step = max(val, key=lambda s: (val[s], -s))  # the first of equal values stays best
+    best = json.loads((tmp_path / BEST_FILE).read_text())
+    assert best["step"] == best_step and best["seg_mIoU"] == val[best_step]
+    assert names(tmp_path) == sorted({"iter_5.pth", "iter_6.pth", f"iter_{best_step}.pth"})
