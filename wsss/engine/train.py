@@ -9,6 +9,7 @@ uninterrupted ones. Loss terms accumulate on the device and are averaged over ra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -184,7 +185,7 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
         drop_last=True,
         pin_memory=dist_info.device.type == "cuda",
         generator=torch.Generator().manual_seed(cfg.train.seed),  # keeps the global RNG stream untouched
-        worker_init_fn=die_with_parent,
+        worker_init_fn=functools.partial(die_with_parent, os.getpid()),
     )
     step = TrainingStep(cfg, mean, std, dist_info.device)
     meter = LossMeter()
