@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import pickle
+
 import pytest
 import torch
 
@@ -103,3 +107,70 @@ def test_config_that_does_not_fit_the_weights_names_the_file(saved):
     torch.save(ckpt, work / "alien.pth")
     with pytest.raises(ValueError, match="alien.pth: its config does not fit"):
         load_checkpoint(work / "alien.pth")
+
+
+class _Evil:
+    """Unpickling it would run a shell command that creates a file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _malicious_files(folder, marker, good):
+    """Five ways to smuggle code into a checkpoint file."""
+    evil = _Evil(marker)
+    files = {
+        "torch_save": {"model": {}, "config": {}, "payload": evil},
+        "in_state_dict": {**good, "model": {**good["model"], "x": evil}},
+        "legacy_format": {"model": {}, "config": {}, "payload": evil},
+    }
+    paths = []
+    for name, obj in files.items():
+        path = folder / f"{name}.pth"
+        torch.save(obj, path, _use_new_zipfile_serialization=name != "legacy_format")
+        paths.append(path)
+    (folder / "raw_pickle.pth").write_bytes(pickle.dumps(evil))
+    paths.append(folder / "raw_pickle.pth")
+    (folder / "eval_global.pth").write_bytes(b"cbuiltins\neval\n(Vopen(" + repr(str(marker)).encode() + b", 'w')\ntR.")
+    paths.append(folder / "eval_global.pth")
+    return paths
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_malicious_pickles_are_refused_and_run_nothing(saved, tmp_path):
+    _, _, work = saved
+    marker = tmp_path / "pwned"
+    good = torch.load(work / "iter_6.pth", weights_only=True)
+    for path in _malicious_files(tmp_path, marker, good):
+        with pytest.raises(ValueError, match=f"{path.name}: cannot be read as a checkpoint"):
+            load_checkpoint(path)
+        with pytest.raises(ValueError):
+            model_from_checkpoint(path)
+    assert not marker.exists()
+    pickle.loads(pickle.dumps(_Evil(marker)))  # the payloads do work when unpickled unsafely
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("fault", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()])
+def test_a_failed_checkpoint_write_keeps_the_previous_one(saved, monkeypatch, fault):
+    """A full disk or an interrupt while the new checkpoint is flushed: the old one and the marker stay."""
+    cfg, model, work = saved
+    before = {p.name: p.read_bytes() for p in work.iterdir()}
+    real_fsync = os.fsync
+
+    def failing_fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp") and ".pth." in os.readlink(f"/proc/self/fd/{fd}"):
+            raise fault
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(type(fault)):
+        save_checkpoint(work / "iter_9.pth", model, cfg, ["bg", "a", "b"], (0.5,) * 3, (0.2,) * 3, 9)
+    monkeypatch.undo()
+    after = {p.name: p.read_bytes() for p in work.iterdir()}
+    assert not (work / "iter_9.pth").exists() and not [n for n in after if n.endswith(".tmp")]
+    assert {n: after[n] for n in before} == before  # the old checkpoints, their checksums, the marker
+    assert load_resume_checkpoint(work)[0] == work / "iter_6.pth"

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
 from tests.conftest import tiny_config
-from wsss.engine.checkpoint import load_checkpoint
+from wsss.config import dump_config
+from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from wsss.engine.resume import config_changes, restore_training_state
 from wsss.engine.schedule import PolyWarmupScheduler, lr_factor
 from wsss.engine.train import train
 from wsss.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _optimizer_for(cfg):
@@ -68,3 +79,32 @@ def test_a_changed_learning_rate_applies_on_resume(tiny_voc, tmp_path):
     state = next(iter(optimizer.state.values()))
     assert int(state["step"]) == 3 and state["exp_avg"].abs().sum() > 0
     assert config_changes(ckpt["config"], cfg) == ["optim.lr: 0.001 -> 0.0003", "optim.weight_decay: 0.01 -> 0.05"]
+
+
+@pytest.mark.slow
+def test_runs_killed_at_random_moments_resume_to_identical_weights(tiny_voc, tmp_path):
+    """tools/train.py SIGKILLed shortly after each new checkpoint (sometimes mid-write), resumed each time: the
+    final weights equal those of an uninterrupted run, bit for bit."""
+    cfg = tiny_config(tiny_voc, max_iters=10, ckpt_interval=2)
+    full = load_checkpoint(train(cfg, work_dir=tmp_path / "full", device="cpu").checkpoint)
+    cfg_file = tmp_path / "cfg.py"
+    dump_config(cfg, cfg_file)
+    work, marker, rng, kills = tmp_path / "killed", tmp_path / "killed" / LAST_CHECKPOINT, random.Random(0), 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "tools/train.py", str(cfg_file), "--work-dir", str(work), "--resume", "--device", "cpu"]
+    for _ in range(12):
+        seen = marker.read_text() if marker.exists() else None
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while proc.poll() is None and (marker.read_text() if marker.exists() else None) == seen:
+            time.sleep(0.02)
+        if proc.poll() is None:
+            time.sleep(rng.uniform(0.0, 0.03))  # an iteration takes ~0.03 s
+            proc.kill()
+            kills += proc.wait() == -signal.SIGKILL
+            continue
+        assert proc.returncode == 0, proc.stderr.read()[-2000:]
+        break
+    assert kills >= 2 and proc.returncode == 0
+    resumed = load_checkpoint(work / "iter_10.pth")
+    for k in full["model"]:
+        assert torch.equal(full["model"][k], resumed["model"][k]), k

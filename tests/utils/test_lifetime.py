@@ -15,7 +15,7 @@ import pytest
 pytestmark = [pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc"), pytest.mark.slow]
 
 WORKERS = textwrap.dedent("""
-    import sys, time
+    import functools, os, sys, time
     from torch.utils.data import DataLoader, Dataset
     from wsss.config import CrfConfig
     from wsss.inference.crf import CrfPool
@@ -30,7 +30,7 @@ WORKERS = textwrap.dedent("""
 
     exit_on_sigterm()
     with CrfPool(CrfConfig(workers=2)):
-        loader = iter(DataLoader(Busy(), num_workers=1, worker_init_fn=die_with_parent))
+        loader = iter(DataLoader(Busy(), num_workers=1, worker_init_fn=functools.partial(die_with_parent, os.getpid())))
         print("ready", flush=True)
         next(loader)
 """)

@@ -11,6 +11,7 @@ only where it synchronises anyway (log, validation, checkpoint), then stops befo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -216,7 +217,7 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
         drop_last=True,
         pin_memory=dist_info.device.type == "cuda",
         generator=torch.Generator().manual_seed(cfg.train.seed),  # keeps the global RNG stream untouched
-        worker_init_fn=die_with_parent,
+        worker_init_fn=functools.partial(die_with_parent, os.getpid()),
     )
     step = TrainingStep(cfg, mean, std, dist_info.device)
     guard = NonFiniteGuard(optimizer)

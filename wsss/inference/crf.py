@@ -14,6 +14,7 @@ submit a job as soon as an image's probabilities exist and collect the finished 
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -114,7 +115,9 @@ class CrfPool:
             if start_method is None:
                 start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             context = multiprocessing.get_context(start_method)
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=die_with_parent)
+            self._executor = ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)
+            )
             for future in [self._executor.submit(_check_import) for _ in range(self.workers)]:
                 future.result()  # start the workers now (and check pydensecrf imports in them)
 

@@ -39,6 +39,7 @@ Path safety: see :mod:`wsss.inference.sources`.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -386,7 +387,7 @@ class _InferenceLoop:
             batch_size=None,
             num_workers=self.setup.num_workers if len(todo) > 1 else 0,
             collate_fn=identity,
-            worker_init_fn=die_with_parent,
+            worker_init_fn=functools.partial(die_with_parent, os.getpid()),
         )
         buckets = SizeBuckets(self.setup.batch_size)
         self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.setup.progress)

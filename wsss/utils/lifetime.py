@@ -27,10 +27,14 @@ _PR_SET_PDEATHSIG = 1
 __all__ = ["PARENT_POLL_S", "die_with_parent", "exit_on_sigterm"]
 
 
-def die_with_parent(*_: Any) -> None:
-    """Make this (worker) process exit when its parent process ends; arguments are ignored, so it serves
-    as a DataLoader ``worker_init_fn`` and a ``ProcessPoolExecutor`` initializer alike."""
-    parent = os.getppid()
+def die_with_parent(parent: int, *_: Any) -> None:
+    """Make this worker process exit when process ``parent`` (the one that started it) ends.
+
+    Pass the parent's pid from the parent, e.g. ``worker_init_fn=functools.partial(die_with_parent,
+    os.getpid())`` or ``initializer=die_with_parent, initargs=(os.getpid(),)``: a worker that looked its parent
+    up itself, after a parent that died right after starting it, would see its new parent and live on. Further
+    arguments (a DataLoader's worker id) are ignored.
+    """
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
