@@ -40,7 +40,7 @@ import torch
 
 from wsss.config import Config, CrfConfig, load_config
 from wsss.data.classes import load_classes
-from wsss.data.toy import TOY_CLASSES, generate_sample
+from wsss.data.toy_render import TOY_CLASSES, generate_sample
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.checkpoint import save_checkpoint
 from wsss.inference.crf import CrfPool, crf_labels

@@ -11,14 +11,8 @@ import argparse
 import sys
 import time
 
-from wsss.data.toy import (
-    DEFAULT_TOY_VERSION,
-    TOY_CLASSES,
-    TOY_VERSIONS,
-    make_toy_voc,
-    save_contact_sheet,
-    toy_voc_is_complete,
-)
+from wsss.data.toy import make_toy_voc, save_contact_sheet, toy_voc_is_complete
+from wsss.data.toy_render import DEFAULT_TOY_VERSION, TOY_CLASSES, TOY_VERSIONS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

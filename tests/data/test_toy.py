@@ -12,10 +12,10 @@ from PIL import Image
 from tools.make_toy_voc import main
 from wsss.data.classes import load_classes, voc_palette
 from wsss.data.labels import labels_from_masks, labels_from_xml
-from wsss.data.toy import (
+from wsss.data.toy import META_FILE, annotation_xml, make_toy_voc, save_contact_sheet, toy_voc_is_complete
+from wsss.data.toy_render import (
     CLASS_HUES,
     CLASS_TEXTURES,
-    META_FILE,
     PATTERNED_TEXTURES,
     PLAIN_TEXTURES,
     TEXTURES,
@@ -26,11 +26,7 @@ from wsss.data.toy import (
     _ignore_band,
     _shared_colours,
     _texture,
-    annotation_xml,
     generate_sample,
-    make_toy_voc,
-    save_contact_sheet,
-    toy_voc_is_complete,
 )
 from wsss.utils.fileio import read_image, read_mask
 

@@ -6,7 +6,8 @@ import pytest
 
 from tests.conftest import tiny_config
 from wsss.data.labels import labels_from_masks, save_labels
-from wsss.data.toy import TOY_CLASSES, make_toy_voc
+from wsss.data.toy import make_toy_voc
+from wsss.data.toy_render import TOY_CLASSES
 from wsss.engine.train import train
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from tools import eval as eval_cli
 from tools import infer as infer_cli
-from wsss.data.toy import TOY_CLASSES
+from wsss.data.toy_render import TOY_CLASSES
 from wsss.inference import runner
 from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.inference.sources import list_split
