@@ -44,7 +44,7 @@ test-fast: $(DEV_STAMP) lint
 demo: $(STAMP)
 	$(PY) tools/make_toy_voc.py $(TOY)
 	$(PY) tools/make_cls_labels.py $(TOY) --classes $(TOY)/classes.txt --mask-dir SegmentationClass
-	$(PY) tools/train.py configs/toy_centered.py
+	$(PY) tools/train.py configs/toy_centered.py --overwrite  # the demo trains anew each time
 
 # The training step, inference and the evaluator at the paper setting on a GPU (docs/benchmarks.md).
 bench-gpu: $(STAMP)
