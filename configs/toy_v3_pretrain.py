@@ -1,0 +1,24 @@
+# Classification pre-training of a toy v3 backbone (tools/pretrain.py, wsss/engine/pretrain.py): a 12-block
+# ViT-Tiny/16 from scratch, trained as a multi-label classifier (linear head on the class token) on a larger
+# generated v3 set, as ImageNet pre-training serves VOC. Make the set once (seed 1: none of its images is in
+# data/toy_v3, seed 0, which the WSSS stage trains on and is scored on):
+#   python tools/make_toy_voc.py data/toy_v3_pre --version 3 --num-train 6000 --num-val 200 --seed 1
+#   python tools/make_cls_labels.py data/toy_v3_pre --classes data/toy_v3_pre/classes.txt --mask-dir SegmentationClass
+# Then: python tools/pretrain.py configs/toy_v3_pretrain.py   (docs/ablations.md, "Toy set v3": time and scores)
+_base_ = ["_base_/toy.py"]
+
+# Scales below 1 keep more of each image (and more whole objects) in the crop: the image-level labels of a crop
+# that cuts an object away are wrong. No blur: in v3 the fill's texture is half of what tells a class.
+data = dict(root="data/toy_v3_pre", crop_size=128, scale_range=(0.5, 1.0), blur_prob=0.0)
+model = dict(
+    backbone="vit_tiny_patch16_224",
+    backbone_kwargs=dict(depth=12),
+    pretrained="",
+    # As ImageNet weights: plain attention here, the WSSS stage swaps in its own variant.
+    attention=dict(name="vanilla"),
+    # From scratch the position embedding must learn; the WSSS stage then freezes it (the reference).
+    freeze_pos_embed=False,
+)
+optim = dict(lr=5e-4, weight_decay=0.05, warmup_iters=100)
+train = dict(max_iters=1000, batch_size=16, log_interval=20, val_interval=250, ckpt_interval=50)
+work_dir = "work_dirs/toy_v3_pretrain"
