@@ -1,9 +1,11 @@
 """Classification pre-training of the backbone, for datasets that no public checkpoint knows (the toy sets).
 
-The backbone of ``cfg.model`` (:func:`wsss.models.build_model_backbone`) with a linear head on timm's pooled
-token (the class token) is trained as a multi-label classifier on the image-level labels of a VOC-layout set,
-as ImageNet pre-training trains a single-label one. Its timm state_dict (the head left out) is then saved for
-``model.pretrained``, which loads it strictly like any pretrained backbone::
+The backbone of ``cfg.model`` (:func:`wsss.models.build_model_backbone`) with a linear head on timm's pooling
+(``model.backbone_kwargs.global_pool``: the class token by default, ``"max"`` or ``"avg"`` over the patch
+tokens; with ``fc_norm=False`` the saved keys stay those of the default model) is trained as a multi-label
+classifier on the image-level labels of a VOC-layout set, as ImageNet pre-training trains a single-label one.
+Its timm state_dict (the head left out) is then saved for ``model.pretrained``, which loads it strictly like
+any pretrained backbone::
 
     pretrain(cfg, work_dir) -> work_dir/backbone.pth  {"state_dict": timm keys -> tensors, "config", "classes", ...}
     WSSS config: model.pretrained = "work_dir/backbone.pth"  (wsss.models.backbone.load_timm_checkpoint)
@@ -59,7 +61,7 @@ STATE_FILE = "pretrain_state.pth"
 
 
 class ImageClassifier(nn.Module):
-    """A backbone and a linear multi-label head on timm's pooled token: images (B, 3, H, W) -> logits (B, K)."""
+    """A backbone and a linear multi-label head on timm's pooling: images (B, 3, H, W) -> logits (B, K)."""
 
     def __init__(self, cfg: Config, num_fg_classes: int):
         super().__init__()
