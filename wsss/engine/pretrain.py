@@ -25,8 +25,6 @@ ends as an uninterrupted one would). ``backbone.pth`` is written once, atomicall
 
 from __future__ import annotations
 
-import functools
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +32,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from wsss.cam import labels_from_mask
@@ -42,15 +39,13 @@ from wsss.config import Config, dump_config, to_dict
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
 from wsss.engine.checkpoint import rng_state, set_rng_state
-from wsss.engine.distributed import ResumableSampler
 from wsss.engine.optim import NonFiniteGuard
 from wsss.engine.schedule import PolyWarmupScheduler
-from wsss.engine.train import batches
+from wsss.engine.train import training_batches
 from wsss.evaluation.classification import multilabel_scores
 from wsss.losses import multilabel_soft_margin
 from wsss.models import build_model_backbone
 from wsss.utils.fileio import atomic_torch_save
-from wsss.utils.lifetime import die_with_parent
 
 __all__ = ["BACKBONE_FILE", "STATE_FILE", "ImageClassifier", "PretrainResult", "evaluate_classifier", "pretrain"]
 
@@ -146,17 +141,7 @@ def pretrain(cfg: Config, work_dir: str | Path, device: torch.device) -> Pretrai
     work.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, work / "config.py")
 
-    sampler = ResumableSampler(train_set, seed=cfg.train.seed)
-    loader = DataLoader(
-        train_set,
-        batch_size=cfg.train.batch_size,
-        sampler=sampler,
-        num_workers=cfg.data.num_workers,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(cfg.train.seed),
-        worker_init_fn=functools.partial(die_with_parent, os.getpid()),
-    )
-    data = batches(loader, sampler, train_set, start)
+    data = training_batches(train_set, cfg, start, device, 1, 0)
     result = PretrainResult(checkpoint=work / BACKBONE_FILE, step=start, metrics={}, seconds=0.0)
     running = torch.zeros((), device=device)
     tic = time.perf_counter()

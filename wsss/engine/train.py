@@ -107,6 +107,25 @@ def batches(
         epoch, offset = epoch + 1, 0
 
 
+def training_batches(
+    train_set: VOCClsDataset, cfg: Config, start: int, device: torch.device, world_size: int, rank: int
+) -> Iterator[dict]:
+    """This rank's endless training batches from iteration ``start`` on (:func:`batches`); ``cfg.train.batch_size``
+    per batch, ``cfg.data.num_workers`` loader workers that die with this process."""
+    sampler = ResumableSampler(train_set, world_size, rank, seed=cfg.train.seed)
+    loader = DataLoader(
+        train_set,
+        batch_size=cfg.train.batch_size,
+        sampler=sampler,
+        num_workers=cfg.data.num_workers,
+        drop_last=True,
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator().manual_seed(cfg.train.seed),  # keeps the global RNG stream untouched
+        worker_init_fn=functools.partial(die_with_parent, os.getpid()),
+    )
+    return batches(loader, sampler, train_set, start)
+
+
 def to_device(batch: dict, device: torch.device) -> dict:
     """The batch's tensors on ``device``, and ``max_present``: the largest number of classes in one image,
     counted on the host so that the pseudo labels need not ask the device."""
@@ -208,23 +227,12 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     if cfg.train.compile:
         model = torch.compile(model)
 
-    sampler = ResumableSampler(train_set, dist_info.world_size, dist_info.rank, seed=cfg.train.seed)
-    loader = DataLoader(
-        train_set,
-        batch_size=cfg.train.batch_size,
-        sampler=sampler,
-        num_workers=cfg.data.num_workers,
-        drop_last=True,
-        pin_memory=dist_info.device.type == "cuda",
-        generator=torch.Generator().manual_seed(cfg.train.seed),  # keeps the global RNG stream untouched
-        worker_init_fn=functools.partial(die_with_parent, os.getpid()),
-    )
     step = TrainingStep(cfg, mean, std, dist_info.device)
     guard = NonFiniteGuard(optimizer)
     meter = LossMeter()
     result = TrainResult(work_dir=work, checkpoint=ckpt_path, step=start, model=raw_model, is_main=dist_info.is_main)
     model.train()
-    data = batches(loader, sampler, train_set, start)
+    data = training_batches(train_set, cfg, start, dist_info.device, dist_info.world_size, dist_info.rank)
     bar = tqdm(
         total=cfg.train.max_iters, initial=start, desc="train", unit="it", dynamic_ncols=True,
         disable=not dist_info.is_main,
