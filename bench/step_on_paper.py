@@ -2,10 +2,11 @@
 
     python bench/step_on_paper.py [--config configs/voc_centered.py]
 
-Counts come from the config's shapes (backbone width and depth, crop, CAM scales, PAR, energy scale, classes);
-nothing is run. A multiply-add counts as 2 FLOPs. The lower bound of a stage is the largest of its times at the
-peak rates below; real kernels reach a fraction of them, so the bounds say which stage cannot fit a budget, not
-what a stage will take.
+Counts come from DeiT-S/16's shapes (:data:`VIT`, the paper's backbone; not read from the config) and the
+config's crop, batch, CAM scales, PAR, energy scale, decoder width and classes; nothing is run. A
+multiply-add counts as 2 FLOPs. The lower bound of a stage is the largest of its times at the peak rates
+below; real kernels reach a fraction of them, so the bounds say which stage cannot fit a budget, not what a
+stage will take.
 """
 
 from __future__ import annotations
