@@ -262,6 +262,22 @@ class InferConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """Classification pre-training of the backbone (``tools/pretrain.py``); WSSS training never reads it."""
+
+    labels: str = choice("image", "crop")
+    """A crop's targets: ``image``, the image's labels (``data.label_file``), as WSSS training uses them; or
+    ``crop``, the classes that cover at least ``crop_label_min_fraction`` of the crop in its mask, for a
+    pre-training set whose masks are generated with it (the toy sets), as ImageNet's labels name what an
+    object-centred image shows."""
+    crop_label_min_fraction: float = 0.02
+    """Share of the crop's pixels a class must cover to be a ``crop`` label."""
+
+    def __post_init__(self) -> None:
+        check_bounds("pretrain", self, non_negative=("crop_label_min_fraction",))
+
+
+@dataclass
 class Config:
     """The whole pipeline's configuration."""
 
@@ -273,6 +289,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     infer: InferConfig = field(default_factory=InferConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     work_dir: str = ""
 
 

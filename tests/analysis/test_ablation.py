@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import tiny_config
 from tools import ablate
-from wsss.analysis.ablation import apply_overrides, format_results, grid, run_grid, slug
+from wsss.analysis.ablation import apply_overrides, format_results, grid, record_results, run_grid, slug
 from wsss.config import ConfigError, dump_config
 
 
@@ -52,3 +52,24 @@ def test_run_two_rows_and_resume(tiny_voc, tmp_path, capsys):
     assert (tmp_path / "abl" / "L_reg-centered" / "iter_3.pth").stat().st_mtime_ns == mtime  # not retrained
     assert again[0]["seg_mIoU"] == full["seg_mIoU"]
     assert format_results(again).count("\n") == 3
+    # the folder's table still holds the row the second run did not score, in the grid's order
+    kept = json.loads((tmp_path / "abl" / "results.json").read_text())
+    assert [r["name"] for r in kept] == ["L_cls | centered", "+ L_reg | centered"]
+    assert (tmp_path / "abl" / "results.md").read_text() == format_results(kept)
+
+
+def test_record_results_merges_rows_by_name_in_grid_order(tmp_path):
+    def row(name, cam):
+        return {"name": name, "cam_mIoU": cam, "aux_cam_mIoU": None, "seg_mIoU": None, "last_cosine": 0.5}
+
+    record_results(tmp_path, [row("+ L_reg | centered", 1.0)])
+    record_results(tmp_path, [row("L_cls | vanilla", 2.0), row("+ L_reg | gfsa", 3.0)])  # another process's rows
+    merged = record_results(tmp_path, [row("+ L_reg | centered", 4.0)])  # scored again: replaced, not doubled
+    assert [(r["name"], r["cam_mIoU"]) for r in merged] == [
+        ("L_cls | vanilla", 2.0), ("+ L_reg | centered", 4.0), ("+ L_reg | gfsa", 3.0)
+    ]  # fmt: skip
+    assert json.loads((tmp_path / "results.json").read_text()) == merged
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(ValueError, match="results.json: not an ablation results file"):
+        record_results(tmp_path, [row("L_cls | vanilla", 1.0)])
+    assert (tmp_path / "results.json").read_text() == "{not json"  # nothing overwritten

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ def test_saved_backbone_loads_strictly_through_model_pretrained(toy_v3, tmp_path
     res = pretrain(cfg, tmp_path / "pre", CPU)
     assert res.checkpoint == tmp_path / "pre" / BACKBONE_FILE and res.step == 3
     assert [h["step"] for h in res.history] == [1, 2, 3]
-    assert set(res.metrics) == {"cls_mAP", "cls_F1"} and 0.0 <= res.metrics["cls_mAP"] <= 100.0
+    assert {"cls_mAP", "cls_F1"} <= set(res.metrics) and 0.0 <= res.metrics["cls_mAP"] <= 100.0
+    assert set(res.metrics) - {"cls_mAP", "cls_F1"} <= {f"AP_{name}" for name in TOY_CLASSES[1:]}
     assert not (tmp_path / "pre" / STATE_FILE).exists()  # the resumable state goes once the backbone is saved
 
     saved = torch.load(res.checkpoint, map_location="cpu", weights_only=True)
@@ -130,3 +132,46 @@ def test_cli_errors_name_the_fix(toy_v3, tmp_path, capsys, one_thread):
     big_batch = ["--cfg-options", "train.batch_size=64"]
     assert pretrain_cli.main([str(config), "--work-dir", str(tmp_path / "w"), "--device", "cpu", *big_batch]) == 2
     assert "lower train.batch_size" in capsys.readouterr().err
+
+
+def test_crop_labels_need_every_training_mask_up_front(toy_v3, tmp_path, capsys, one_thread):
+    root = tmp_path / "toy"
+    shutil.copytree(toy_v3, root)
+    first_train = (root / "ImageSets" / "Segmentation" / "train.txt").read_text().split()[0]
+    (root / "SegmentationClass" / f"{first_train}.png").unlink()  # the val masks, which scoring needs, stay
+    config = _cli_config(tmp_path, root)
+    args = [str(config), "--work-dir", str(tmp_path / "w"), "--device", "cpu", "--cfg-options"]
+    assert pretrain_cli.main([*args, "pretrain.labels=image"]) == 0  # image labels need no training mask
+    capsys.readouterr()
+    assert pretrain_cli.main([*args, "pretrain.labels=crop"]) == 2
+    err = capsys.readouterr().err
+    assert "1 id(s)" in err and first_train in err and "have no mask in" in err and "data.mask_dir" in err
+
+
+def test_crop_labels_count_each_class_against_the_whole_crop():
+    mask = torch.zeros(3, 10, 10, dtype=torch.long)
+    mask[0, :2] = 3  # 20 % of the crop
+    mask[0, 5, 5] = 2  # 1 %: below 2 %
+    mask[0, 6, :2] = 5  # exactly 2 %: kept
+    mask[1] = 255  # ignored pixels count in the crop's area, not as a class
+    mask[1, 0, :3] = 6
+    mask[2, 0, 0] = 255
+    got = pretrain_module.crop_labels(mask, num_classes=7, min_fraction=0.02)
+    expected = torch.zeros(3, 6)
+    expected[0, [2, 4]] = 1  # classes 3 and 5 -> foreground columns 2 and 4
+    expected[1, 5] = 1
+    assert torch.equal(got, expected)
+    assert torch.equal(pretrain_module.crop_labels(mask, 7, 0.0)[0], torch.tensor([0.0, 1, 1, 0, 1, 0]))
+
+
+@pytest.mark.parametrize("labels", ["image", "crop"])
+def test_targets_are_the_images_or_the_crops_labels(toy_v3, tmp_path, one_thread, monkeypatch, labels):
+    cfg = _config(toy_v3, freeze_pos_embed=False)
+    cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, labels=labels))
+    seen = []
+    real = pretrain_module.multilabel_soft_margin
+    monkeypatch.setattr(pretrain_module, "multilabel_soft_margin", lambda x, y: seen.append(y.clone()) or real(x, y))
+    res = pretrain(cfg, tmp_path / "pre", CPU)
+    assert res.step == 3 and len(seen) == 3 and all(y.shape == (2, len(TOY_CLASSES) - 1) for y in seen)
+    # every image holds an object, but some 32 px crops of these 160-320 px images do not
+    assert any((y.sum(dim=1) == 0).any() for y in seen) == (labels == "crop")

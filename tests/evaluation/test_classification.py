@@ -28,6 +28,8 @@ def test_multilabel_scores_by_hand():
     scores = multilabel_scores(probs, targets, 0.5)
     assert scores["cls_mAP"] == pytest.approx(100 * (0.5 + 1) / 2)
     assert scores["cls_F1"] == pytest.approx(100 * (0 + 1) / 2)
+    named = multilabel_scores(probs, targets, 0.5, names=["a", "b", "c"])
+    assert named == {**scores, "AP_a": pytest.approx(50.0), "AP_b": pytest.approx(100.0)}  # "c": no positive
 
 
 def test_no_positive_gives_nan():

@@ -4,11 +4,14 @@ Each grid row is a set of config overrides applied to one base config; every row
 :func:`wsss.engine.train.train` in its own work dir and scored on the validation split: CAM mIoU of the last
 layer and of the aux layer, segmentation mIoU, and the mean token cosine similarity of the last block on
 validation images. Rows already trained (a final checkpoint in their work dir) are not trained again, so
-an interrupted grid resumes where it stopped.
+an interrupted grid resumes where it stopped. The folder's ``results.json`` and ``results.md`` hold every row
+scored into it, by any process: several runs may fill one grid folder with different rows at once
+(:func:`record_results` merges under a file lock).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -81,7 +84,8 @@ def run_grid(
     device: str | None = None,
     cosine_images: int = 32,
 ) -> list[dict[str, Any]]:
-    """Train and score every row; write ``results.json`` and ``results.md`` in ``out_dir`` after each row.
+    """Train and score every row; after each, merge it into ``results.json`` and ``results.md`` in ``out_dir``
+    (:func:`record_results`).
 
     Returns:
         One dict per row: ``name``, ``overrides``, ``cam_mIoU``, ``aux_cam_mIoU``, ``seg_mIoU`` (None when
@@ -112,9 +116,39 @@ def run_grid(
                 "checkpoint": str(final),
             }
         )
-        atomic_write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
-        atomic_write_text(out / "results.md", format_results(results))
+        record_results(out, results[-1:])
     return results
+
+
+def record_results(out_dir: str | Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge ``rows`` into ``out_dir/results.json`` (a row of the same name is replaced) and rewrite
+    ``results.md``, both atomically and under an exclusive lock on ``out_dir/results.lock``, so that processes
+    filling one grid folder keep each other's rows. Rows are kept in the order of the ``all`` grid.
+
+    Returns:
+        Every row now recorded.
+
+    Raises:
+        ValueError: ``results.json`` exists but is not a list of rows; the message names the file and the fix.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    with open(out / "results.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        try:
+            old = json.loads(path.read_text()) if path.is_file() else []
+            if not isinstance(old, list) or not all(isinstance(r, dict) and "name" in r for r in old):
+                raise ValueError("not a list of rows")
+        except ValueError as err:
+            raise ValueError(f"{path}: not an ablation results file ({err}); move it away and run again") from None
+        names = {r["name"] for r in rows}
+        order = list(grid("all"))
+        merged = [r for r in old if r["name"] not in names] + rows
+        merged.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
+        atomic_write_text(path, json.dumps(merged, indent=1) + "\n")
+        atomic_write_text(out / "results.md", format_results(merged))
+    return merged
 
 
 def format_results(results: list[dict[str, Any]]) -> str:

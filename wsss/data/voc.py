@@ -136,6 +136,15 @@ class _VOCBase(Dataset):
         stem = image_id[: -len(suffix)] if suffix.lower() in IMAGE_EXTENSIONS else image_id
         return self.root / self.cfg.mask_dir / f"{stem}.png"
 
+    def require_masks(self) -> None:
+        """Raise FileNotFoundError naming the split, the folder and the fix unless every id has a mask."""
+        missing = [i for i in self.ids if not self.mask_path(i).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} id(s) in {self.split_file} have no mask in {self.root / self.cfg.mask_dir} "
+                f"(first: {missing[:3]}). Set data.mask_dir to the folder holding the masks."
+            )
+
     def load_mask(self, image_id: str, shape: tuple[int, ...]) -> np.ndarray:
         """Read and check the mask of ``image_id`` against its image's (H, W) and the class count."""
         path = self.mask_path(image_id)
@@ -169,7 +178,8 @@ class VOCClsDataset(_VOCBase):
 
     Each item is a dict: ``image`` (3, crop, crop) float32 normalised, ``label`` (C-1,) float32 multi-hot,
     ``box`` (4,) int64 ``[y0, y1, x0, x1]`` valid region, ``id``; with ``with_mask`` also ``mask``
-    (crop, crop) int64 (for scoring pseudo labels; never used as supervision).
+    (crop, crop) int64 (for scoring pseudo labels, never as WSSS supervision; classification pre-training with
+    ``pretrain.labels = "crop"`` takes its targets from it).
 
     Augmentation is a pure function of ``(seed, epoch, index)``: set :attr:`epoch` each epoch and a
     resumed run sees exactly the crops an uninterrupted one would.
@@ -195,6 +205,8 @@ class VOCClsDataset(_VOCBase):
         self.seed = seed
         self.epoch = 0
         self.with_mask = with_mask
+        if with_mask:
+            self.require_masks()
         self.bad: set[Path] = set()
 
     def __getitem__(self, index: int) -> dict:
@@ -242,12 +254,7 @@ class VOCSegDataset(_VOCBase):
     def __init__(self, cfg: DataConfig, mean: tuple[float, ...], std: tuple[float, ...], split: str | None = None):
         super().__init__(cfg, cfg.val_split if split is None else split)
         self.mean, self.std = mean, std
-        missing = [i for i in self.ids if not self.mask_path(i).is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"{len(missing)} id(s) in {self.split_file} have no mask in {self.root / self.cfg.mask_dir} "
-                f"(first: {missing[:3]}). Set data.mask_dir to the folder holding the masks."
-            )
+        self.require_masks()
 
     def __getitem__(self, index: int) -> dict:
         image_id = self.ids[index]

@@ -3,7 +3,9 @@
 The backbone of ``cfg.model`` (:func:`wsss.models.build_model_backbone`) with a linear head on timm's pooling
 (``model.backbone_kwargs.global_pool``: the class token by default, ``"max"`` or ``"avg"`` over the patch
 tokens; with ``fc_norm=False`` the saved keys stay those of the default model) is trained as a multi-label
-classifier on the image-level labels of a VOC-layout set, as ImageNet pre-training trains a single-label one.
+classifier on the image-level labels of a VOC-layout set, as ImageNet pre-training trains a single-label one;
+with ``pretrain.labels = "crop"`` (a generated set, whose masks are exact) each crop's targets are the classes
+its mask shows (:func:`crop_labels`) instead of the whole image's.
 Its timm state_dict (the head left out) is then saved for ``model.pretrained``, which loads it strictly like
 any pretrained backbone::
 
@@ -47,12 +49,33 @@ from wsss.losses import multilabel_soft_margin
 from wsss.models import build_model_backbone
 from wsss.utils.fileio import atomic_torch_save
 
-__all__ = ["BACKBONE_FILE", "STATE_FILE", "ImageClassifier", "PretrainResult", "evaluate_classifier", "pretrain"]
+__all__ = [
+    "BACKBONE_FILE",
+    "STATE_FILE",
+    "ImageClassifier",
+    "PretrainResult",
+    "crop_labels",
+    "evaluate_classifier",
+    "pretrain",
+]
 
 BACKBONE_FILE = "backbone.pth"
 """Name of the saved backbone in the work dir."""
 STATE_FILE = "pretrain_state.pth"
 """Name of the resumable training state in the work dir."""
+
+
+def crop_labels(mask: torch.Tensor, num_classes: int, min_fraction: float) -> torch.Tensor:
+    """(B, H, W) class indices (255 ignored) -> (B, C-1) float multi-hot of the foreground classes that are in
+    the crop and cover at least ``min_fraction`` of its H x W pixels (``pretrain.labels = "crop"``)."""
+    b = mask.shape[0]
+    flat = mask.reshape(b, -1)
+    valid = flat < num_classes
+    rows = torch.arange(b, device=mask.device)[:, None].expand_as(flat)
+    counts = torch.zeros(b, num_classes, device=mask.device)
+    counts.index_put_((rows[valid], flat[valid]), torch.ones((), device=mask.device), accumulate=True)
+    fg = counts[:, 1:]
+    return ((fg > 0) & (fg >= min_fraction * flat.shape[1])).float()
 
 
 class ImageClassifier(nn.Module):
@@ -91,8 +114,8 @@ class PretrainResult:
 def evaluate_classifier(
     model: ImageClassifier, dataset: VOCSegDataset, device: torch.device, threshold: float
 ) -> dict[str, float]:
-    """Multi-label scores (:func:`wsss.evaluation.classification.multilabel_scores`) of ``model`` on the whole
-    images of ``dataset``, labels from the masks."""
+    """Multi-label scores (:func:`wsss.evaluation.classification.multilabel_scores`: mAP, F1 and each class's
+    AP) of ``model`` on the whole images of ``dataset``, labels from the masks."""
     was_training = model.training
     model.eval()
     num_classes = len(dataset.classes)
@@ -102,7 +125,8 @@ def evaluate_classifier(
         probs.append(model(item["image"][None].to(device)).float().sigmoid()[0].cpu())
         targets.append(labels_from_mask(item["mask"], num_classes))
     model.train(was_training)
-    return multilabel_scores(torch.stack(probs).numpy(), torch.stack(targets).numpy(), threshold)
+    probs, targets = torch.stack(probs).numpy(), torch.stack(targets).numpy()
+    return multilabel_scores(probs, targets, threshold, names=dataset.classes[1:])
 
 
 def pretrain(cfg: Config, work_dir: str | Path, device: torch.device) -> PretrainResult:
@@ -121,7 +145,8 @@ def pretrain(cfg: Config, work_dir: str | Path, device: torch.device) -> Pretrai
     torch.manual_seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     mean, std = backbone_mean_std(cfg.model.backbone)
-    train_set = VOCClsDataset(cfg.data, mean, std, seed=cfg.train.seed)
+    by_crop = cfg.pretrain.labels == "crop"
+    train_set = VOCClsDataset(cfg.data, mean, std, seed=cfg.train.seed, with_mask=by_crop)
     val_set = VOCSegDataset(cfg.data, mean, std)
     model = ImageClassifier(cfg, len(train_set.classes) - 1).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -149,7 +174,11 @@ def pretrain(cfg: Config, work_dir: str | Path, device: torch.device) -> Pretrai
     bar = tqdm(total=cfg.train.max_iters, initial=start, desc="pretrain", unit="it", dynamic_ncols=True)
     for it in range(start, cfg.train.max_iters):
         batch = next(data)
-        loss = multilabel_soft_margin(model(batch["image"].to(device)).float(), batch["label"].to(device))
+        if by_crop:
+            target = crop_labels(batch["mask"], len(train_set.classes), cfg.pretrain.crop_label_min_fraction)
+        else:
+            target = batch["label"]
+        loss = multilabel_soft_margin(model(batch["image"].to(device)).float(), target.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         guard.update(loss, it)

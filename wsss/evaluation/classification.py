@@ -7,6 +7,8 @@ the classes that have at least one positive image, and are in percent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 __all__ = ["average_precision", "multilabel_scores"]
@@ -20,13 +22,17 @@ def average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
     return float((precision * hits).sum() / hits.sum())
 
 
-def multilabel_scores(probs: np.ndarray, targets: np.ndarray, threshold: float) -> dict[str, float]:
-    """``{"cls_mAP", "cls_F1"}`` in percent (NaN when no class has a positive image).
+def multilabel_scores(
+    probs: np.ndarray, targets: np.ndarray, threshold: float, names: Sequence[str] | None = None
+) -> dict[str, float]:
+    """``{"cls_mAP", "cls_F1"}`` in percent (NaN when no class has a positive image); with ``names`` also
+    ``"AP_<name>"`` for each class that has a positive image.
 
     Args:
         probs: (N, K) class probabilities (sigmoid of the classifier logits).
         targets: (N, K) 0/1 image-level labels.
         threshold: A class is predicted present above this probability (F1).
+        names: The K class names.
     """
     targets = targets.astype(bool)
     classes = np.flatnonzero(targets.any(axis=0))
@@ -37,4 +43,7 @@ def multilabel_scores(probs: np.ndarray, targets: np.ndarray, threshold: float) 
     truth = targets[:, classes]
     tp = (pred & truth).sum(axis=0)
     f1 = 2 * tp / (pred.sum(axis=0) + truth.sum(axis=0))
-    return {"cls_mAP": 100.0 * float(np.mean(ap)), "cls_F1": 100.0 * float(np.mean(f1))}
+    scores = {"cls_mAP": 100.0 * float(np.mean(ap)), "cls_F1": 100.0 * float(np.mean(f1))}
+    if names is not None:
+        scores.update({f"AP_{names[k]}": 100.0 * a for k, a in zip(classes, ap, strict=True)})
+    return scores
