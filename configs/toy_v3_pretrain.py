@@ -25,6 +25,6 @@ model = dict(
 optim = dict(lr=3e-4, weight_decay=0.05, warmup_iters=100)
 # Each crop's targets are the classes its generated mask shows (over 2 % of the crop), not the whole image's:
 # 53.3 against 50.0 val mAP after 1000 iterations. 2000 iterations: 58.0 (docs/ablations.md, p07, p09, p16).
-pretrain = dict(labels="crop", crop_label_min_fraction=0.02)
+pretrain = dict(labels="crop")
 train = dict(max_iters=2000, batch_size=16, log_interval=20, val_interval=250, ckpt_interval=50)
 work_dir = "work_dirs/toy_v3_pretrain"

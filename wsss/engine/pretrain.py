@@ -71,9 +71,8 @@ def crop_labels(mask: torch.Tensor, num_classes: int, min_fraction: float) -> to
     b = mask.shape[0]
     flat = mask.reshape(b, -1)
     valid = flat < num_classes
-    rows = torch.arange(b, device=mask.device)[:, None].expand_as(flat)
-    counts = torch.zeros(b, num_classes, device=mask.device)
-    counts.index_put_((rows[valid], flat[valid]), torch.ones((), device=mask.device), accumulate=True)
+    index = flat + torch.arange(b, device=mask.device)[:, None] * num_classes  # (image, class) -> one bin
+    counts = torch.bincount(index[valid], minlength=b * num_classes).view(b, num_classes)
     fg = counts[:, 1:]
     return ((fg > 0) & (fg >= min_fraction * flat.shape[1])).float()
 
@@ -103,7 +102,7 @@ class PretrainResult:
     """The saved backbone (``{"state_dict": ..., ...}``, see :func:`pretrain`)."""
     step: int
     metrics: dict[str, float]
-    """Validation ``cls_mAP`` and ``cls_F1`` (percent) at the last step."""
+    """Validation ``cls_mAP``, ``cls_F1`` and each class's ``AP_<name>`` (percent) at the last step."""
     seconds: float
     """Wall time of this call's training loop and validations."""
     history: list[dict[str, float]] = field(default_factory=list)
