@@ -6,7 +6,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 TOY := data/toy_voc
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast lint bench-gpu clean-venv
+.PHONY: install demo test test-fast lint bench-gpu gpu-check wheelhouse install-offline clean-venv
 
 # mmengine and mmcv-lite require opencv-python, albumentations opencv-python-headless; both own cv2/, so one
 # overwrites the other's files. Keep the headless one (no GUI libraries needed) and reinstall it whole.
@@ -49,6 +49,11 @@ demo: $(STAMP)
 # The training step, inference and the evaluator at the paper setting on a GPU (docs/benchmarks.md).
 bench-gpu: $(STAMP)
 	$(PY) bench/bench_train.py --device cuda
+
+# Everything a real GPU can show, in one report (work_dirs/gpu_check/gpu_check.md + .json); under 10 min on an H100.
+# On a machine without CUDA it stops at once with one error line.
+gpu-check: $(STAMP)
+	$(PY) tools/gpu_check.py
 
 clean-venv:
 	rm -rf $(VENV)

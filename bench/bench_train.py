@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from _common import rss_bytes, synchronize
 
 from wsss.cam import multiscale_cam
-from wsss.config import load_config
+from wsss.config import load_config, parse_cfg_options
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.optim import NonFiniteGuard, NonFiniteLossError, build_optimizer
 from wsss.engine.schedule import PolyWarmupScheduler
@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="timings per stage (the median is printed)")
     parser.add_argument("--images", type=int, help=f"inference images (default {PAPER['images']}; CPU {CPU['images']})")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     args = parser.parse_args(argv)
     defaults = PAPER if torch.device(args.device).type == "cuda" else CPU
     for key, value in defaults.items():
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    opts = {"model.pretrained": "", "train.batch_size": args.batch, "data.crop_size": args.size}
+    opts = {**parse_cfg_options(args.cfg_options), "model.pretrained": "", "train.batch_size": args.batch,
+            "data.crop_size": args.size}
     cfg = load_config(args.config, opts)
     mean, std = backbone_mean_std(cfg.model.backbone)
     num_classes = len(cfg.data.classes)
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(
         f"{cfg.model.backbone} / {cfg.model.attention.name}, batch {b}, {s}x{s}, CAM scales {cfg.cam.scales} + flip, "
-        f"PAR {cfg.par.num_iter} it, energy kernel {cfg.loss.reg_kernel!r}, bf16 autocast {step.amp}; {name}"
+        f"PAR {cfg.par.num_iter} it, energy kernel {cfg.loss.reg_kernel!r}, bf16 autocast {step.amp}, CAM pass "
+        f"{cfg.train.cam_dtype if step.amp else 'float32'}; {name}"
     )
 
     # 1. the real loop body; every term is on from loss.seg_start_iter

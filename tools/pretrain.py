@@ -17,7 +17,7 @@ import torch
 from wsss.config import ConfigError, load_config, parse_cfg_options
 from wsss.engine.optim import NonFiniteLossError
 from wsss.engine.pretrain import pretrain
-from wsss.models.backbone import require_vision_transformer
+from wsss.models.backbone import PretrainedUnavailableError, require_vision_transformer
 from wsss.utils.lifetime import exit_on_sigterm
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("no work dir: pass --work-dir or set work_dir in the config")
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         result = pretrain(cfg, work_dir, device)
-    except (ConfigError, FileNotFoundError, NonFiniteLossError, ValueError) as err:
+    except (ConfigError, FileNotFoundError, NonFiniteLossError, PretrainedUnavailableError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     scores = "  ".join(f"{k} {v:.2f}" for k, v in result.metrics.items())

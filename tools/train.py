@@ -21,7 +21,7 @@ from wsss.engine.checkpoint import NonFiniteWeightsError
 from wsss.engine.distributed import check_launcher
 from wsss.engine.optim import NonFiniteLossError
 from wsss.engine.train import train
-from wsss.models.backbone import require_vision_transformer
+from wsss.models.backbone import PretrainedUnavailableError, require_vision_transformer
 from wsss.utils.lifetime import exit_on_sigterm
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except (NonFiniteLossError, NonFiniteWeightsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError, ImportError) as err:  # the project's errors: config, data, work dir
+    except (FileNotFoundError, ValueError, ImportError, PretrainedUnavailableError) as err:  # config, data, weights
         print(f"error: {err}", file=sys.stderr)
         return 2
     if result.is_main:

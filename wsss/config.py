@@ -121,6 +121,8 @@ class ModelConfig:
     """Extra keyword arguments to ``timm.create_model`` (e.g. depth for a small toy ViT)."""
     pretrained: str = "hub"
     """``""`` (random init), ``hub`` (timm's default weights), ``hub:<tag>``, or a checkpoint file path."""
+    hub_timeout: float = 5.0
+    """Seconds to wait for the weights hub before ``hub`` is taken as offline (then only a cached copy loads)."""
     drop_path_rate: float = 0.0
     """Stochastic depth. The reference uses 0: the no-grad CAM pass runs in train mode, so drop-path would
     make the pseudo labels random."""
@@ -278,6 +280,32 @@ class PretrainConfig:
 
 
 @dataclass
+class GpuCheckConfig:
+    """``make gpu-check`` (:mod:`wsss.gpu_check`): sizes and limits of the comparisons on a real GPU."""
+
+    tolerance: float = 1e-3
+    """Largest relative difference (norm of the difference over the norm) of a CUDA result from its reference."""
+    crop_size: int = 224
+    """Input edge of the model comparisons (the step's terms on CUDA and CPU, timm's ViT)."""
+    energy_points: tuple[int, ...] = (300, 100)
+    """Sizes of the energy-filter comparisons with brute force (those of tests/test_energy_kernel.py)."""
+    energy_channels: tuple[int, ...] = (21, 4)
+    energy_offsets: tuple[float, ...] = (3.0, 500.0)
+    """A common offset of the features (the kernel centres them)."""
+    energy_side: int = 224
+    """Fused against blocked on a ``energy_side`` squared grid: the paper's 448 crop at ``loss.reg_scale`` 0.5."""
+    image_size: tuple[int, int] = (375, 500)
+    """(H, W) of the images the Segmenter compares on (a typical VOC photo)."""
+    min_mask_agreement: float = 0.999
+    """Smallest fraction of mask pixels equal on CUDA and the CPU."""
+    part_timeout: float = 300.0
+    """Seconds each subprocess (benchmark, toy set, torchrun) may take."""
+    toy_images: int = 16
+    ddp_iters: int = 30
+    ddp_resume_from: int = 20
+
+
+@dataclass
 class Config:
     """The whole pipeline's configuration."""
 
@@ -290,6 +318,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     infer: InferConfig = field(default_factory=InferConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    gpu_check: GpuCheckConfig = field(default_factory=GpuCheckConfig)
     work_dir: str = ""
 
 

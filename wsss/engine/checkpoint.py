@@ -86,6 +86,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def to_host(obj: Any) -> Any:
+    """``obj`` (nested dicts, lists and tuples) with every tensor copied to the CPU: a checkpoint of a GPU run then
+    loads anywhere with a plain ``torch.load(path, weights_only=True)``, without a device or ``map_location``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(v) for v in obj)
+    return obj
+
+
 def save_checkpoint(
     path: str | Path,
     model: torch.nn.Module,
@@ -108,7 +120,7 @@ def save_checkpoint(
         mean: Normalisation mean the model was trained with.
         std: Normalisation std.
         step: Number of iterations completed.
-        optimizer: Saved with its state when given (for resuming).
+        optimizer: Saved with its state when given (for resuming). Every tensor is saved from the CPU.
         scheduler: Saved via its ``state_dict()`` when given.
         rng: Every rank's :func:`rng_state`, rank order (default: this process's alone).
 
@@ -134,7 +146,7 @@ def save_checkpoint(
         "rng": rng if rng is not None else [rng_state()],
     }
     if optimizer is not None:
-        payload["optimizer"] = optimizer.state_dict()
+        payload["optimizer"] = to_host(optimizer.state_dict())
     if scheduler is not None:
         payload["scheduler"] = scheduler.state_dict()
     buf = io.BytesIO()

@@ -198,13 +198,15 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     train_set = VOCClsDataset(cfg.data, mean, std, seed=cfg.train.seed)
     val_set = val_dataset(cfg.data, mean, std)
     classes = train_set.classes
-    raw_model = build_model(cfg.model, num_classes=len(classes)).to(dist_info.device)
+    found = find_checkpoint(work, resume)  # on the CPU: load_state_dict copies onto the model's device
+    # a resumed run takes every weight from its checkpoint, so it never fetches model.pretrained (no hub access)
+    model_cfg = cfg.model if found is None else dataclasses.replace(cfg.model, pretrained="")
+    raw_model = build_model(model_cfg, num_classes=len(classes)).to(dist_info.device)
     optim = cfg.optim
     optimizer = build_optimizer(raw_model, optim)
     scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, optim.warmup_iters, optim.warmup_ratio, optim.power)
 
     start, ckpt_path, changes = 0, None, []
-    found = find_checkpoint(work, resume, map_location=dist_info.device)
     if found is not None:  # weights and moments from the checkpoint, the schedule from cfg (wsss/engine/resume.py)
         ckpt_path, ckpt = found
         start = restore_training_state(ckpt, ckpt_path, raw_model, optimizer, scheduler)

@@ -12,10 +12,13 @@ neutral initialisation.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
+from urllib.parse import urlparse
 
 import timm
 import torch
@@ -28,6 +31,7 @@ from wsss.models.variants import get_variant
 
 __all__ = [
     "BackboneOutput",
+    "PretrainedUnavailableError",
     "ViTBackbone",
     "apply_attention_variant",
     "build_backbone",
@@ -134,6 +138,7 @@ def build_backbone(
     attention_kwargs: Mapping[str, Any] | None = None,
     drop_path_rate: float = 0.0,
     backbone_kwargs: Mapping[str, Any] | None = None,
+    hub_timeout: float = 5.0,
 ) -> ViTBackbone:
     """Create the timm ViT, load its weights, swap in the attention variant.
 
@@ -146,10 +151,36 @@ def build_backbone(
         attention_kwargs: The variant's own arguments (e.g. ``{"gamma": -1.0}`` for ``centered``).
         drop_path_rate: Stochastic depth rate.
         backbone_kwargs: Extra ``timm.create_model`` arguments (they override the defaults above).
+        hub_timeout: Seconds to wait for the weights hub to answer before ``"hub"`` is taken as offline
+            (:func:`create_vit`).
     """
-    vit = create_vit(name, pretrained, drop_path_rate, backbone_kwargs)
+    vit = create_vit(name, pretrained, drop_path_rate, backbone_kwargs, hub_timeout)
     apply_attention_variant(vit, attention, attention_blocks, **(attention_kwargs or {}))
     return ViTBackbone(vit)
+
+
+class PretrainedUnavailableError(RuntimeError):
+    """``model.pretrained`` names hub weights that cannot be had: no network and no cached copy."""
+
+
+OFFLINE_ROUTE = (
+    "download the weights on a machine with internet (timm.create_model(NAME, pretrained=True) then "
+    "torch.save(model.state_dict(), 'deit_s.pth')), copy the file here and set model.pretrained=deit_s.pth; "
+    "README: 'On a machine without internet'"
+)
+
+
+def hub_reachable(timeout: float) -> bool:
+    """Whether the Hugging Face hub that timm downloads from (``HF_ENDPOINT``) accepts a connection within
+    ``timeout`` seconds; a machine without network answers at once or after ``timeout``."""
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def create_vit(
@@ -157,8 +188,17 @@ def create_vit(
     pretrained: str = "",
     drop_path_rate: float = 0.0,
     backbone_kwargs: Mapping[str, Any] | None = None,
+    hub_timeout: float = 5.0,
 ) -> VisionTransformer:
-    """The plain timm model with its weights (see :func:`build_backbone` for the arguments)."""
+    """The plain timm model with its weights (see :func:`build_backbone` for the arguments).
+
+    Hub weights: when the hub does not answer within ``hub_timeout`` seconds, timm is asked for its cached copy
+    only (Hugging Face's offline mode), instead of retrying the download for about a minute.
+
+    Raises:
+        PretrainedUnavailableError: ``"hub"`` weights that are neither reachable nor cached (one line naming
+            ``model.pretrained`` and the offline route).
+    """
     require_vision_transformer(name)
     kwargs = {
         "dynamic_img_size": True,
@@ -171,14 +211,16 @@ def create_vit(
     if from_hub:
         tag = pretrained[len("hub:") :] if pretrained.startswith("hub:") else ""
         hub_name = f"{name}.{tag}" if tag else name
+        online = hub_reachable(hub_timeout)
         try:
-            vit = timm.create_model(hub_name, pretrained=True, **kwargs)
+            with mock.patch("huggingface_hub.constants.HF_HUB_OFFLINE", not online):
+                vit = timm.create_model(hub_name, pretrained=True, **kwargs)
         except Exception as err:
-            raise RuntimeError(
-                f"could not load timm's pretrained weights for '{hub_name}' ({type(err).__name__}: {err}). "
-                "Without network access, download them elsewhere, save the state_dict with torch.save and "
-                "set model.pretrained to that file; or set model.pretrained='' for random init"
-            ) from err
+            why = "no network and no cached copy" if not online else f"{type(err).__name__}: {err}"
+            raise PretrainedUnavailableError(
+                f"model.pretrained={pretrained!r}: timm's weights for '{hub_name}' cannot be loaded ({why}). "
+                f"Offline: {OFFLINE_ROUTE.replace('NAME', repr(hub_name))}; or model.pretrained='' for random init"
+            ) from None
     else:
         vit = timm.create_model(name, pretrained=False, **kwargs)
     if pretrained and not from_hub:

@@ -35,6 +35,7 @@ def build_model_backbone(cfg: ModelConfig) -> ViTBackbone:
         pretrained=cfg.pretrained,
         drop_path_rate=cfg.drop_path_rate,
         backbone_kwargs=cfg.backbone_kwargs,
+        hub_timeout=cfg.hub_timeout,
         **attention_args(cfg.attention),
     )
     if cfg.freeze_pos_embed and backbone.vit.pos_embed is not None:

@@ -1,0 +1,259 @@
+"""A CUDA device on a CPU-only machine: every tensor placed on ``cuda`` is a pair of a FakeTensor on ``cuda:0``
+(PyTorch's ``FakeTensorMode``, which checks devices, dtypes and shapes exactly as a CUDA run would) and a CPU
+tensor that holds its values (so that results can be compared with a CPU run).
+
+    with fake_cuda(no_sync=True):          # no_sync: a host read of device data raises, as in the training loop
+        model = build_model(...).to("cuda")
+        loss = model(x.to("cuda")).sum()
+        loss.backward()
+
+What raises, and where the rule comes from:
+- An op whose tensors are on different devices (a CPU tensor other than a 0-dim one meeting a ``cuda`` one):
+  ``FakeTensorDeviceMismatchError`` from the FakeTensor op, the same rule as ``FakeTensorMode`` alone.
+- Mismatched dtypes that no autocast covers: the FakeTensor op's meta kernel (and the CPU kernel).
+- With ``no_sync=True``, every op that makes the host wait for the device: those FakeTensor cannot answer
+  without data (``torch.Tag.data_dependent_output``: ``.item()``, ``bool(t)``, ``torch.equal``;
+  ``torch.Tag.dynamic_output_shape``: ``nonzero``, boolean-mask indexing, ``unique``, ``bincount``), and copies
+  from ``cuda`` to the CPU (``.cpu()``, ``.tolist()``). Without ``no_sync`` they run and give real values, as
+  validation and inference read results back on purpose.
+- ``.numpy()`` of a ``cuda`` tensor, as on a GPU.
+
+Autocast: ``torch.autocast("cuda")`` checks that CUDA is available; inside :func:`fake_cuda` it is told so, and
+the ``cuda`` tensors carry the AutocastCUDA dispatch key, so the CUDA autocast op lists apply to them.
+
+Backward: PyTorch's autograd engine needs a CUDA context for ``cuda`` tensors (it asks the driver for the device's
+primary context and streams; pytorch/pytorch#92627), which a machine without a GPU cannot give. Inside
+:func:`fake_cuda`, ``Tensor.backward`` runs :func:`graph_backward` instead: the same graph and the same derivative
+formulas (each ``grad_fn`` node is called in dependency order, gradients are summed, reduced to their input's
+shape and checked for device as the engine does), so on CPU tensors it gives the engine's gradients exactly.
+
+What cannot run here: Triton kernels (they need device memory), the dense CRF (it runs on the CPU by design),
+NCCL and pinned memory (a driver).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from unittest import mock
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+CUDA = torch.device("cuda", 0)
+SYNC_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+
+
+class HostSyncError(RuntimeError):
+    """An op made the host wait for the device inside a ``no_sync`` region."""
+
+
+class CudaTensor(torch.Tensor):
+    """A tensor on the emulated ``cuda:0``: ``fake`` carries the metadata, ``values`` (CPU) the values."""
+
+    values: torch.Tensor
+    fake: FakeTensor
+
+    @staticmethod
+    def __new__(cls, real: torch.Tensor, fake: FakeTensor) -> CudaTensor:
+        out = torch.Tensor._make_wrapper_subclass(
+            cls, fake.shape, strides=fake.stride(), storage_offset=fake.storage_offset(), dtype=fake.dtype,
+            device=fake.device, layout=fake.layout, requires_grad=False,
+        )  # fmt: skip
+        out.values, out.fake = real, fake
+        return out
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __tensor_flatten__(self):  # a traceable wrapper subclass: Module.to() swaps parameters in place
+        return ["values", "fake"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return CudaTensor(inner["values"], inner["fake"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(f"{func}: a fake cuda tensor used outside fake_cuda()")
+
+    def __repr__(self) -> str:
+        return f"CudaTensor({self.values!r}, device='{self.device}')"
+
+    def tolist(self):  # a copy to the host, as on a GPU (checked as one)
+        return self.cpu().tolist()
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() first.")
+
+
+def _is_cuda(device: object) -> bool:
+    return device is not None and torch.device(device).type == "cuda"
+
+
+class FakeCudaMode(TorchDispatchMode):
+    """The dispatch mode behind :func:`fake_cuda`."""
+
+    def __init__(self, no_sync: bool) -> None:
+        super().__init__()
+        self.no_sync = no_sync
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat, _ = tree_flatten((args, kwargs))
+        twins = [t for t in flat if isinstance(t, CudaTensor)]
+        if not twins and not _is_cuda(kwargs.get("device")):
+            return func(*args, **kwargs)  # host work (data loading, numpy glue): plain CPU tensors
+
+        def to_real(x):
+            if isinstance(x, CudaTensor):
+                return x.values
+            return torch.device("cpu") if isinstance(x, torch.device) and x.type == "cuda" else x
+
+        def to_fake(x):
+            if isinstance(x, CudaTensor):
+                return x.fake
+            if isinstance(x, torch.Tensor):  # a host tensor; not through from_tensor, whose weakref memo would
+                meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")  # stop Module.to's swap
+                return FakeTensor(self.fake_mode, meta, x.device)
+            return x
+
+        reads_device = any(tag in func.tags for tag in SYNC_TAGS)
+        real_kwargs = {k: "cpu" if k == "device" and _is_cuda(v) else to_real(v) for k, v in kwargs.items()}
+        fake_args, fake_kwargs = tree_map(to_fake, args), tree_map(to_fake, kwargs)
+        with self.fake_mode:
+            try:
+                fake_out = func(*fake_args, **fake_kwargs)
+            except (DataDependentOutputException, DynamicOutputShapeException):
+                fake_out, reads_device = None, True
+        copies_to_host = any(
+            isinstance(t, FakeTensor) and t.device.type == "cpu" for t in tree_flatten(fake_out)[0]
+        )  # a cuda -> cpu copy: .cpu(), .to("cpu"), .tolist()
+        if self.no_sync and (reads_device or copies_to_host):
+            raise HostSyncError(f"{func} reads device data on the host (a CUDA sync) inside a no-sync region")
+        real_out = func(*tree_map(to_real, args), **real_kwargs)
+        if fake_out is None:  # data-dependent: describe the real result on the device
+            fake_out = tree_map(
+                lambda r: FakeTensor(self.fake_mode, r.to("meta"), CUDA) if isinstance(r, torch.Tensor) else r,
+                real_out,
+            )
+        same = {id(t.values): t for t in twins}  # in-place and out= ops return their (cuda) argument
+
+        def pair(real, fake):
+            if not isinstance(real, torch.Tensor):
+                return real
+            if id(real) in same:
+                return same[id(real)]
+            return CudaTensor(real, fake) if fake.device.type == "cuda" else real
+
+        if isinstance(real_out, (tuple, list)):
+            return type(real_out)(pair(r, f) for r, f in zip(real_out, fake_out, strict=True))
+        return pair(real_out, fake_out)
+
+
+def graph_backward(self: torch.Tensor, gradient: torch.Tensor | None = None, **_: object) -> None:
+    """``self.backward()`` without the autograd engine: every ``grad_fn`` node called once, in dependency order.
+
+    Each node gets the sum of the gradients sent to it, reduced to the shape and cast to the dtype of its
+    input as the engine's ``validate_outputs`` does, and a gradient on another device than its input raises as
+    there. Leaves (``AccumulateGrad``) accumulate into ``.grad``. No hooks run (single-process tests only).
+    """
+    root = self.grad_fn
+    if root is None:
+        raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+    pending: dict[object, int] = {}
+    stack, seen = [root], {root}
+    while stack:
+        node = stack.pop()
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                pending[nxt] = pending.get(nxt, 0) + 1
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+    buffers = {root: [torch.ones_like(self) if gradient is None else gradient]}
+    ready = [root]
+    while ready:
+        node = ready.pop()
+        grads = [_fit(g, meta) for g, meta in zip(buffers.pop(node), node._input_metadata, strict=True)]
+        if type(node).__name__ == "AccumulateGrad":
+            var, g = node.variable, grads[0]
+            if g is not None:
+                var.grad = g.detach() if var.grad is None else var.grad + g
+            continue
+        outs = node.apply(*grads) if hasattr(node, "apply") else node(*grads)  # custom Functions have apply()
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        edges = node.next_functions
+        if any(g is not None for g in outs[len(edges) :]):
+            raise RuntimeError(f"{type(node).__name__}: a gradient for a non-tensor input")
+        for (nxt, slot), g in zip(edges, outs[: len(edges)], strict=True):
+            if nxt is None:
+                continue
+            buf = buffers.setdefault(nxt, [None] * len(nxt._input_metadata))
+            if g is not None:
+                buf[slot] = g if buf[slot] is None else buf[slot] + g
+            pending[nxt] -= 1
+            if pending[nxt] == 0:
+                ready.append(nxt)
+
+
+def _fit(grad: torch.Tensor | None, meta) -> torch.Tensor | None:
+    """A node's incoming gradient as the engine passes it on: on the input's device, at its shape and dtype."""
+    if grad is None:
+        return None
+    if grad.device != meta.device:
+        raise RuntimeError(f"invalid gradient: expected device {meta.device} but got {grad.device}")
+    if tuple(grad.shape) != tuple(meta.shape):
+        grad = grad.sum_to_size(meta.shape)
+    return grad.to(meta.dtype) if grad.dtype != meta.dtype and meta.dtype.is_floating_point else grad
+
+
+def _from_data(constructor):
+    """``torch.tensor`` / ``torch.as_tensor`` that build a ``cuda`` tensor as a CPU one moved by ``.to``: their C++
+    path copies data to the device with dispatch modes turned off (only FakeTensorMode itself is exempt)."""
+
+    def build(data, *args, device=None, **kwargs):
+        if not _is_cuda(device):
+            return constructor(data, *args, device=device, **kwargs)
+        return constructor(data, *args, **kwargs).to(device)
+
+    return build
+
+
+@contextlib.contextmanager
+def fake_cuda(no_sync: bool = False) -> Iterator[FakeCudaMode]:
+    """Run the block with an emulated ``cuda`` device (module docstring).
+
+    Args:
+        no_sync: Raise :class:`HostSyncError` where an op would make the host wait for the device.
+    """
+    with (
+        mock.patch("torch.cuda.amp.common.amp_definitely_not_available", return_value=False),
+        mock.patch("torch.cuda.is_bf16_supported", return_value=True),
+        mock.patch("torch.cuda._lazy_init"),  # factory functions with device="cuda" initialise CUDA first
+        mock.patch.object(torch.Tensor, "backward", graph_backward),
+        mock.patch("torch.tensor", _from_data(torch.tensor)),
+        mock.patch("torch.as_tensor", _from_data(torch.as_tensor)),
+        FakeCudaMode(no_sync) as mode,
+    ):
+        # The first factory call on "cuda" marks the device initialised (through the patched _lazy_init); without
+        # it, Tensor.to("cuda") would initialise the real CUDA runtime, which fails without a driver.
+        torch.empty(0, device="cuda")
+        yield mode
+
+
+@contextlib.contextmanager
+def no_sync(mode: FakeCudaMode) -> Iterator[None]:
+    """Inside :func:`fake_cuda`, forbid host reads of device data for the block."""
+    before, mode.no_sync = mode.no_sync, True
+    try:
+        yield
+    finally:
+        mode.no_sync = before

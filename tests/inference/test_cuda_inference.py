@@ -1,0 +1,86 @@
+"""The predictor, the batched folder runner and the evaluator on an emulated CUDA device (tests/fake_cuda.py):
+every op checked by FakeTensorMode for device and dtype, the results compared with the CPU's.
+
+Not run here: the dense CRF, which runs on the CPU by design (its input is the softmax copied to the host), so
+a CUDA run and a CPU run give it the same array.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tests.fake_cuda import HostSyncError, fake_cuda, no_sync
+from wsss.evaluation.metrics import ConfusionMatrix
+from wsss.inference.predictor import Segmenter
+from wsss.inference.runner import InferenceOptions, run_inference
+from wsss.utils.fileio import read_image, read_mask
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SCALES = (1.0, 0.5, 1.5)
+
+
+def test_segmenter_with_three_scales_flip_and_cams_equals_the_cpu(toy_checkpoint):
+    root, ckpt = toy_checkpoint
+    raw = read_image(root / "JPEGImages" / "val_00000.jpg")
+    on_cpu = Segmenter.from_checkpoint(ckpt, device="cpu")(raw, scales=SCALES, flip=True, cams=True)
+    with fake_cuda():
+        segmenter = Segmenter.from_checkpoint(ckpt, device="cuda")
+        assert segmenter.device.type == "cuda"
+        on_cuda = segmenter(raw, scales=SCALES, flip=True, cams=True)
+    assert (on_cuda.mask == on_cpu.mask).all()
+    assert on_cuda.present == on_cpu.present
+    assert on_cuda.class_probs == pytest.approx(on_cpu.class_probs, rel=1e-5)  # the same kernels; summed in
+    assert on_cuda.cams.keys() == on_cpu.cams.keys() and on_cuda.cams         # another order in places
+    for name, cam in on_cuda.cams.items():
+        np.testing.assert_allclose(cam, on_cpu.cams[name], atol=1e-5)
+
+
+def test_batched_folder_inference_equals_the_cpu(toy_checkpoint, tmp_path):
+    """The runner's batched path (2 same-size images per forward), with CAMs and logits written."""
+    root, ckpt = toy_checkpoint
+    options = InferenceOptions(scales=SCALES, flip=True, cams=True, logits=True, batch_size=2, num_workers=0,
+                               progress=False)  # fmt: skip
+    images = root / "JPEGImages"
+    run_inference(ckpt, images, tmp_path / "cpu", options=options, device="cpu")
+    with fake_cuda():
+        summary = run_inference(ckpt, images, tmp_path / "cuda", options=options, device="cuda")
+    assert summary.done == len(list(images.glob("*.jpg"))) >= 4
+    for mask in sorted((tmp_path / "cpu" / "masks").glob("*.png")):
+        assert (read_mask(tmp_path / "cuda" / "masks" / mask.name) == read_mask(mask)).all()
+    logits = sorted((tmp_path / "cpu" / "logits").glob("*.npy"))
+    assert logits
+    for cpu_file in logits:  # float16; the same kernels, summed in another order in places
+        got = np.load(tmp_path / "cuda" / "logits" / cpu_file.name).astype(np.float32)
+        np.testing.assert_allclose(got, np.load(cpu_file).astype(np.float32), rtol=2e-3, atol=2e-3)
+    cams = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu" / "cams").rglob("*.*"))
+    assert cams and cams == sorted(p.relative_to(tmp_path / "cuda") for p in (tmp_path / "cuda" / "cams").rglob("*.*"))
+    labels = [json.loads((tmp_path / d / "image_labels.json").read_text()) for d in ("cpu", "cuda")]
+    assert labels[0] == labels[1]
+
+
+def test_the_evaluator_counts_on_cuda_as_on_the_cpu():
+    """The torch path (off the CPU) against the numpy path, with ignored and out-of-range labels."""
+    g = torch.Generator().manual_seed(0)
+    pairs = [(torch.randint(0, 6, (40, 50), generator=g), torch.randint(0, 6, (40, 50), generator=g)) for _ in range(3)]
+    for _, gt in pairs:
+        gt[:3] = 255
+        gt[-1, :5] = 9  # out of range: a miss of no class
+    cpu = ConfusionMatrix(6, ignore_index=255)
+    for pred, gt in pairs:
+        cpu.update(pred, gt)
+    with fake_cuda() as mode:
+        gpu = ConfusionMatrix(6, ignore_index=255, device="cuda")
+        for pred, gt in pairs:
+            gpu.update(pred.to("cuda"), gt.to("cuda"))
+        assert gpu.counts.device.type == "cuda"
+        with no_sync(mode), pytest.raises(HostSyncError):  # the result is read on the host, once, at the end
+            gpu.compute()
+        counts = gpu.counts.cpu()
+        result = gpu.compute()
+    assert torch.equal(counts, cpu.counts)
+    assert result.summary == cpu.compute().summary

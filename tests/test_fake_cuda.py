@@ -1,0 +1,111 @@
+"""The emulated CUDA device of tests/fake_cuda.py is as strict as FakeTensorMode, and its values and gradients are
+the CPU's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tests.fake_cuda import HostSyncError, fake_cuda, graph_backward
+
+HOST_READS = {
+    "item": lambda y: y.sum().item(),
+    "bool": lambda y: bool(y.sum() > 0),
+    "cpu": lambda y: y.cpu(),
+    "tolist": lambda y: y.tolist(),
+    "nonzero": lambda y: y.nonzero(),
+    "mask index": lambda y: y[y > 0],
+    "bincount": lambda y: torch.bincount(y.argmax(dim=1)),
+    "unique": lambda y: torch.unique(y.argmax(dim=1)),
+}
+
+
+def test_a_cpu_tensor_meeting_a_cuda_one_raises_as_under_fake_tensor_mode():
+    with FakeTensorMode(), pytest.raises(RuntimeError) as plain:
+        torch.empty(4, 4, device="cuda") + torch.ones(4, 4)
+    with fake_cuda(), pytest.raises(RuntimeError) as ours:
+        torch.empty(4, 4, device="cuda") + torch.ones(4, 4)
+    assert type(ours.value) is type(plain.value)
+    assert "cuda:0 and cpu" in str(ours.value)
+    with fake_cuda():  # as on a GPU, a 0-dim CPU tensor is a scalar and may meet a cuda tensor
+        assert (torch.ones(2, device="cuda") + torch.tensor(1.0, device="cpu")).device.type == "cuda"
+
+
+@pytest.mark.parametrize("read", sorted(HOST_READS))
+def test_host_reads_raise_in_a_no_sync_region_and_give_values_outside(read):
+    x = torch.arange(12, dtype=torch.float32).view(4, 3) - 5
+    want = HOST_READS[read](x)
+    with fake_cuda(no_sync=True) as mode:
+        y = x.to("cuda")
+        with pytest.raises(HostSyncError):
+            HOST_READS[read](y)
+        mode.no_sync = False
+        got = HOST_READS[read](y)
+        got = got.cpu() if isinstance(got, torch.Tensor) else got
+    assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
+
+
+def test_numpy_of_a_cuda_tensor_raises_as_on_a_gpu():
+    with fake_cuda(), pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
+        torch.ones(2, device="cuda").numpy()
+
+
+def test_mismatched_dtypes_raise_and_cuda_autocast_applies():
+    with fake_cuda():
+        a, b = torch.randn(4, 8, device="cuda", dtype=torch.bfloat16), torch.randn(8, 8, device="cuda")
+        with pytest.raises(RuntimeError, match="dtype"):
+            a @ b
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert (b @ b).dtype == torch.bfloat16
+            assert (b @ b).softmax(dim=-1).dtype == torch.float32  # autocast's float32 list
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the CPU's autocast leaves cuda tensors alone
+            assert (b @ b).dtype == torch.float32
+
+
+def test_values_and_gradients_are_the_cpus():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.GELU(), torch.nn.Conv2d(4, 2, 1))
+    x = torch.randn(2, 3, 6, 5)
+    y = net(x)
+    (y.softmax(dim=1)[:, 0] * y[:, 1]).sum().backward()
+    want = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad(set_to_none=True)
+    with fake_cuda():
+        net = net.to("cuda")
+        y_cuda = net(x.to("cuda"))
+        (y_cuda.softmax(dim=1)[:, 0] * y_cuda[:, 1]).sum().backward()  # graph_backward
+        assert all(p.grad.device.type == "cuda" for p in net.parameters())
+        got = [p.grad.cpu() for p in net.parameters()]
+        assert torch.equal(y_cuda.detach().cpu(), y.detach())
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_graph_backward_equals_the_autograd_engine_on_the_cpu():
+    """Broadcasting (reduced to the input's shape), a leaf used twice (summed), a custom Function."""
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, unused_scale: float):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad, None
+
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(3, 4, generator=g, requires_grad=True), torch.randn(4, generator=g, requires_grad=True)
+    x = torch.randn(5, 3, generator=g)
+
+    def loss():
+        h = x @ w + b
+        return (Square.apply(h, 2.0).sum() + (h * w.sum()).mean()).double()
+
+    loss().backward()
+    want = (w.grad.clone(), b.grad.clone())
+    w.grad = b.grad = None
+    graph_backward(loss())
+    torch.testing.assert_close((w.grad, b.grad), want, rtol=0, atol=0)
