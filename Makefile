@@ -6,7 +6,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 TOY := data/toy_voc
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast lint bench-gpu gpu-check wheelhouse install-offline clean-venv
+.PHONY: install demo test test-fast lint bench-gpu gpu-check clean-venv
 
 # mmengine and mmcv-lite require opencv-python, albumentations opencv-python-headless; both own cv2/, so one
 # overwrites the other's files. Keep the headless one (no GUI libraries needed) and reinstall it whole.

@@ -295,7 +295,7 @@ class GpuCheckConfig:
     energy_side: int = 224
     """Fused against blocked on a ``energy_side`` squared grid: the paper's 448 crop at ``loss.reg_scale`` 0.5."""
     image_size: tuple[int, int] = (375, 500)
-    """(H, W) of the images the Segmenter compares on (a typical VOC photo)."""
+    """(H, W) of the images the Segmenter and the evaluator compare on (a typical VOC photo)."""
     min_mask_agreement: float = 0.999
     """Smallest fraction of mask pixels equal on CUDA and the CPU."""
     part_timeout: float = 300.0

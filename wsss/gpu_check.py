@@ -212,8 +212,8 @@ def device_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
     checks.append(Check("energy filter: fused = blocked (relative)", relative_difference(fused, blocked), gc.tolerance,
                         detail=f"{side} x {side} pixels (the half-resolution crop)"))  # fmt: skip
 
-    preds = torch.randint(0, c, (4, 375, 500), generator=g)
-    gts = torch.randint(0, c, (4, 375, 500), generator=g)
+    preds = torch.randint(0, c, (4, *gc.image_size), generator=g)
+    gts = torch.randint(0, c, (4, *gc.image_size), generator=g)
     gts[:, :20] = cfg.data.ignore_index
     counts = {}
     for device in (cpu, cuda):
