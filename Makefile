@@ -5,13 +5,16 @@ STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 TOY := data/toy_voc
 PYTEST_ARGS ?=
+VENV_FLAGS ?=
+WHEELHOUSE ?= wheelhouse
+WHEEL_PYTHON ?= python3
 
-.PHONY: install demo test test-fast lint bench-gpu gpu-check clean-venv
+.PHONY: install install-offline wheelhouse demo test test-fast lint bench-gpu gpu-check clean-venv
 
 # mmengine and mmcv-lite require opencv-python, albumentations opencv-python-headless; both own cv2/, so one
 # overwrites the other's files. Keep the headless one (no GUI libraries needed) and reinstall it whole.
 $(STAMP): requirements.txt pyproject.toml
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(PY) || python3 -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip uninstall -q -y opencv-python
 	$(PY) -m pip install -q --force-reinstall --no-deps "$$(grep '^opencv-python-headless' requirements.txt)"
@@ -23,6 +26,15 @@ $(DEV_STAMP): $(STAMP) requirements-dev.txt
 	@touch $(DEV_STAMP)
 
 install: $(STAMP)
+
+# For a machine without internet (README, "On a machine without internet"). On one with internet and the target's
+# Python: every requirement but torch/torchvision/triton as wheels in $(WHEELHOUSE)/.
+wheelhouse:
+	$(WHEEL_PYTHON) tools/wheelhouse.py $(WHEELHOUSE)
+
+# On the machine without: pip reads only $(WHEELHOUSE)/ and keeps the installed torch (a new venv sees the system's).
+install-offline:
+	PIP_NO_INDEX=1 PIP_FIND_LINKS="$(abspath $(WHEELHOUSE))" $(MAKE) $(DEV_STAMP) VENV_FLAGS=--system-site-packages
 
 lint: $(DEV_STAMP)
 	$(PY) -m ruff check wsss tools tests bench configs

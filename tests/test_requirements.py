@@ -29,6 +29,15 @@ def test_timm_in_declared_range_with_an_upper_bound() -> None:
     assert "1.1.0" not in spec  # the variants subclass timm internals: a new minor must be tested first
 
 
+def test_torch_floor_is_the_measured_one() -> None:
+    """2.10 is the first torch whose `make test-fast` passes (README); GPU images carrying 2.11 must be admitted."""
+    reqs = requirements("requirements.txt")
+    spec = reqs["torch"].specifier
+    assert torch.__version__.split("+")[0] in spec
+    assert "2.10.0" in spec and "2.11.0" in spec and "2.9.1" not in spec
+    assert "0.25.0" in reqs["torchvision"].specifier and "0.24.1" not in reqs["torchvision"].specifier
+
+
 def test_timm_attention_internals_the_variants_use() -> None:
     """wsss.models.attention.VariantAttention builds timm's Attention with these arguments and reads these
     attributes; a timm release that renames one breaks every variant."""
