@@ -19,9 +19,7 @@ from wsss.evaluation.metrics import METRICS, format_table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pred_dir", type=Path, help="predicted index masks (values 0..C-1)")
     parser.add_argument("gt_dir", type=Path, help="ground-truth index masks (values 0..C-1, ignore index)")
     classes = parser.add_mutually_exclusive_group()

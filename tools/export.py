@@ -2,6 +2,8 @@
 
     python tools/export.py CHECKPOINT [--safetensors OUT.safetensors] [--onnx OUT.onnx]
 
+CHECKPOINT is a wsss checkpoint (.pth) or an earlier --safetensors export.
+
 --safetensors writes the model's tensors with the resolved config, classes, mean/std in the metadata (no
 optimiser state, no pickle); Segmenter.from_checkpoint and tools/infer.py read it like a checkpoint.
 --onnx writes the single-scale segmentation model: input 'image' (B, 3, H, W) float32 normalised with the
@@ -14,27 +16,29 @@ import argparse
 import sys
 from pathlib import Path
 
-from wsss.engine.checkpoint import load_checkpoint
+from wsss.engine.checkpoint import checked_model_config
 from wsss.inference.export import export_onnx, save_safetensors
+from wsss.inference.predictor import read_model_file
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path, help="a wsss checkpoint (.pth)")
+    parser.add_argument("checkpoint", type=Path, help="a wsss checkpoint (.pth) or a --safetensors export")
     parser.add_argument("--safetensors", type=Path, metavar="OUT", help="weights-only export with config and classes")
     parser.add_argument("--onnx", type=Path, metavar="OUT", help="ONNX model, dynamic batch, height and width")
     args = parser.parse_args(argv)
     if not (args.safetensors or args.onnx):
         parser.error("give --safetensors OUT and/or --onnx OUT")
     try:
-        ckpt = load_checkpoint(args.checkpoint)
+        ckpt = read_model_file(args.checkpoint)
+        checked_model_config(ckpt, args.checkpoint)  # an export of a checkpoint no model can be rebuilt from is refused
         if args.safetensors:
             save_safetensors(ckpt, args.safetensors)
             print(f"wrote {args.safetensors}")
         if args.onnx:
             export_onnx(ckpt, args.onnx)
             print(f"wrote {args.onnx}")
-    except (FileNotFoundError, ValueError, ImportError) as err:
+    except (OSError, ValueError, ImportError) as err:  # OSError: an export not written (a full disk), named
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

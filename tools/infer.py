@@ -12,7 +12,11 @@ exist (--overwrite redoes them). Symlinks that resolve outside INPUT are skipped
 any file the process can read); --follow-symlinks reads those that point to regular image files, e.g. a val
 folder of links into JPEGImages. Unreadable files and unsafe paths are skipped and listed in the summary;
 the exit status is still 0 (1 when no image could be processed). Scales, flip, max size and CRF constants
-default to the checkpoint's config (infer.*); --cfg-options overrides any infer.* value. It runs
+default to the checkpoint's config (infer.*); --cfg-options overrides any infer.* value. The model sees every
+image with its longest side at most --max-size (default infer.max_size, 1024; 0: no cap), its mask comes back
+at full size. An OUTPUT where an output could land on an input (INPUT, or INPUT inside OUTPUT/masks/,
+OUTPUT/thumbs/, ...) is refused. SIGTERM stops the run within seconds, every finished image whole; a full disk
+stops it with one error naming the file (exit status 2), after writing summary.json where it can. It runs
 wsss.inference.predictor.Segmenter, the Python predictor; CHECKPOINT may also be a tools/export.py
 --safetensors export.
 """
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cams", action="store_true", help="write CAM heatmaps of the predicted classes")
     parser.add_argument("--logits", action="store_true", help="write 1/4-size float16 logits (.npy)")
     parser.add_argument("--gallery", action="store_true", help="write index.html (implies --overlay --cams)")
-    parser.add_argument("--max-size", type=int, help="longest side the model sees (default: infer.max_size)")
+    parser.add_argument("--max-size", type=int, help="longest side the model sees, 0: no cap (default: infer.max_size)")
     parser.add_argument("--batch-size", type=int, default=1, help="same-size images per forward batch")
     parser.add_argument("--workers", type=int, default=2, help="image decoding processes")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options.cfg_options = parse_cfg_options(args.cfg_options)
         summary = run_inference(args.checkpoint, args.input, args.output, args.split, options, args.device)
-    except (FileNotFoundError, ValueError, ImportError) as err:
+    except (OSError, ValueError, ImportError) as err:  # OSError: an output not written (a full disk), named
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(summary.format())

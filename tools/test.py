@@ -3,10 +3,11 @@
     python tools/test.py CONFIG CHECKPOINT [--out DIR] [--show-dir DIR] [--tta] [--cfg-options k=v ...]
         [--device cuda|cpu]
 
-The masks of data.val_split (under data.root) are predicted as tools/infer.py predicts them and scored against
-data.mask_dir with mmseg IoUMetric's keys (aAcc, mIoU, mAcc, per-class IoU). Predictions and metrics.json go to
---out (default: test_<checkpoint name> beside the checkpoint); --show-dir writes them there together with mask
-overlays, CAMs and an index.html gallery. --tta uses infer.scales and infer.flip of the config.
+CHECKPOINT is a wsss checkpoint (.pth) or a tools/export.py --safetensors export. The masks of data.val_split
+(under data.root) are predicted as tools/infer.py predicts them and scored against data.mask_dir with mmseg
+IoUMetric's keys (aAcc, mIoU, mAcc, per-class IoU). Predictions and metrics.json go to --out (default:
+test_<checkpoint name> beside the checkpoint); --show-dir writes them there together with mask overlays, CAMs and
+an index.html gallery. --tta uses infer.scales and infer.flip of the config.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from wsss.evaluation.split_eval import evaluate_checkpoint
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="the config the checkpoint was trained with (it names the dataset)")
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("checkpoint", type=Path, help="a wsss checkpoint (.pth) or a --safetensors export")
     outputs = parser.add_mutually_exclusive_group()
     outputs.add_argument("--out", type=Path, help="folder for the predicted masks and metrics.json")
     outputs.add_argument("--show-dir", type=Path, help="as --out, with overlays, CAMs and index.html")

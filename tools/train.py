@@ -5,6 +5,8 @@
 
 A work dir holds one run: a second run in it stops with an error while the first holds its lock, and a fresh
 start over its checkpoints needs --resume (continue; the schedule follows the current config) or --overwrite.
+--overwrite deletes nothing until the config, the data and the model have been checked; a fresh start moves the
+earlier run's log.txt, scalars.jsonl and tb/ to WORK_DIR/earlier_runs/<time>/.
 
 Several GPUs or nodes: ``torchrun --nproc-per-node N tools/train.py CONFIG --launcher pytorch`` (the launcher
 is also read from the environment when not given). ``--local-rank`` (torch.distributed.launch) is accepted and
@@ -34,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         help="resume from CKPT, or with no value from the work dir's newest checkpoint",
     )  # fmt: skip
     parser.add_argument(
-        "--overwrite", action="store_true", help="start from scratch in a work dir that holds checkpoints (deleted)"
-    )
+        "--overwrite", action="store_true",
+        help="start from scratch in a work dir that holds checkpoints (deleted once config, data, model are checked)",
+    )  # fmt: skip
     parser.add_argument(
         "--amp", action=argparse.BooleanOptionalAction, default=None,
         help="bf16 autocast on GPU (default: train.amp in the config)",

@@ -8,6 +8,7 @@ lives here; the defaults are the paper's (``docs/design.md`` section 3).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import math
@@ -34,14 +35,23 @@ def choice(default: str, *others: str) -> Any:
 
 
 def check_bounds(
-    section: str, obj: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()
+    section: str,
+    obj: Any,
+    positive: tuple[str, ...] = (),
+    non_negative: tuple[str, ...] = (),
+    unit: tuple[str, ...] = (),
 ) -> None:
-    """Raise ConfigError naming the key if a ``positive`` field of ``obj`` is not > 0 or a ``non_negative`` one
-    is not >= 0 (NaN fails both)."""
-    for names, low, text in ((positive, None, "> 0"), (non_negative, 0, ">= 0")):
+    """Raise ConfigError naming the key if a ``positive`` field of ``obj`` is not > 0, a ``non_negative`` one is
+    not >= 0, or a ``unit`` one (a probability or a fraction) is not in [0, 1] (NaN fails all three)."""
+    rules = (
+        (positive, lambda v: v > 0, "> 0"),
+        (non_negative, lambda v: v >= 0, ">= 0"),
+        (unit, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    )
+    for names, holds, text in rules:
         for name in names:
             value = getattr(obj, name)
-            if not (value > 0 if low is None else value >= low):
+            if not holds(value):
                 raise ConfigError(f"config key '{section}.{name}': must be {text}, got {value!r}")
 
 
@@ -88,6 +98,26 @@ class DataConfig:
     check_images: bool = False
     """Before training, decode every image and mask of both splits and check the label file
     (``tools/check_dataset.py`` does the same alone); any problem stops the run before the first step."""
+    min_class_images: int = 10
+    """``tags`` layout: training starts with a warning (on screen and in ``log.txt``) naming every class tagged on
+    fewer images of the tags file than this, as too few examples to learn it from; 0 turns the warning off."""
+    follow_symlinks: bool = False
+    """Read images and masks that are symlinks resolving outside ``root``. Ids are always confined: one that is
+    absolute or climbs with ``..`` stops the run, naming its file and line (:mod:`wsss.data.paths`)."""
+    max_image_pixels: int = 50_000_000
+    """Training and validation images with more pixels (width x height, read from the header before decoding)
+    are skipped with a warning, as unreadable ones are; 0: no cap. A decoded image takes 3 bytes per pixel
+    and the random rescale of training up to ``scale_range[1]`` squared times that: 50 Mpx (a 8160 x 6120 phone
+    photo) is 150 MB decoded; a 144 Mpx image (12000 x 12000, a 140 KB PNG) would be 1.7 GB at scale 2."""
+
+    def __post_init__(self) -> None:
+        check_bounds(
+            "data",
+            self,
+            positive=("crop_size",),
+            non_negative=("num_workers", "max_bad_images", "min_class_images", "max_image_pixels"),
+            unit=("val_fraction", "hflip_prob", "color_jitter_prob", "grayscale_prob", "blur_prob"),
+        )
 
 
 @dataclass
@@ -112,13 +142,43 @@ class AttentionConfig:
     """contranorm: L2-normalise tokens inside the similarity (the authors' code); False: the paper's raw form."""
 
 
+BACKBONE_KWARGS: dict[str, Any] = {
+    "img_size": int | tuple[int, int],
+    "patch_size": int,
+    "embed_dim": int,
+    "depth": int,
+    "num_heads": int,
+    "mlp_ratio": float,
+    "qkv_bias": bool,
+    "qk_norm": bool,
+    "proj_bias": bool,
+    "init_values": float | None,
+    "class_token": bool,
+    "no_embed_class": bool,
+    "reg_tokens": int,
+    "pre_norm": bool,
+    "final_norm": bool,
+    "fc_norm": bool | None,
+    "global_pool": ("token", "avg", "max", "avgmax", "map", ""),
+    "drop_rate": float,
+    "pos_drop_rate": float,
+    "patch_drop_rate": float,
+    "proj_drop_rate": float,
+    "attn_drop_rate": float,
+}
+"""The ``model.backbone_kwargs`` a config may give (timm ``VisionTransformer`` arguments): each key's type, or its
+valid values. Plain values only: no path, layer or callable reaches ``timm.create_model`` from a config or a
+checkpoint."""
+
+
 @dataclass
 class ModelConfig:
     """Backbone, attention variant and heads."""
 
     backbone: str = "deit_small_patch16_224"
     backbone_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments to ``timm.create_model`` (e.g. depth for a small toy ViT)."""
+    """Extra keyword arguments to ``timm.create_model`` (e.g. depth for a small toy ViT); the keys and types of
+    :data:`BACKBONE_KWARGS`."""
     pretrained: str = "hub"
     """``""`` (random init), ``hub`` (timm's default weights), ``hub:<tag>``, or a checkpoint file path."""
     hub_timeout: float = 5.0
@@ -136,6 +196,58 @@ class ModelConfig:
     head_init: str = choice("default", "kaiming")
     """Init of the classifiers and the decoder (all bias-free): ``default`` is PyTorch's (the reference);
     ``kaiming`` is Kaiming-normal, which a backbone trained from scratch learns faster with."""
+
+    def __post_init__(self) -> None:
+        """Check ``backbone_kwargs`` and, when they give the depth, ``attention.blocks`` against it (every use of the
+        backbone swaps the variant in). ``aux_layer`` is checked when the segmentation model is built
+        (:func:`wsss.models.build_model`): a backbone pre-trained alone (``tools/pretrain.py``) has no aux head."""
+        self.backbone_kwargs = check_backbone_kwargs(self.backbone_kwargs)
+        depth = self.backbone_kwargs.get("depth")
+        blocks = self.attention.blocks
+        outside = [i for i in blocks or [] if depth is not None and not -depth <= i < depth]
+        if outside:
+            raise ConfigError(
+                f"config keys 'model.attention.blocks' ({blocks!r}) and 'model.backbone_kwargs.depth' ({depth}): "
+                f"block {outside[0]} does not exist in a backbone of {depth} blocks; keep the indices within "
+                f"[{-depth}, {depth - 1}] or raise the depth"
+            )
+
+
+def check_backbone_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``model.backbone_kwargs`` checked against :data:`BACKBONE_KWARGS` (lists become tuples where the type says
+    tuple); sizes must be > 0 and drop rates in [0, 1].
+
+    Raises:
+        ConfigError: An unknown key, a wrong type or a value out of range; the message names the key.
+    """
+    section = "model.backbone_kwargs"
+    checked = {}
+    for name, value in kwargs.items():
+        key = _join(section, name)
+        if name not in BACKBONE_KWARGS:
+            close = difflib.get_close_matches(str(name), BACKBONE_KWARGS, n=1)
+            hint = f" Did you mean '{_join(section, close[0])}'?" if close else ""
+            raise ConfigError(f"unknown config key '{key}'.{hint} Valid keys here: {', '.join(BACKBONE_KWARGS)}")
+        spec = BACKBONE_KWARGS[name]
+        if isinstance(spec, tuple):
+            if value not in spec:
+                raise ConfigError(f"config key '{key}': {value!r} is not one of {', '.join(map(repr, spec))}")
+            checked[name] = value
+        else:
+            checked[name] = _coerce(spec, value, key)
+    sizes = types.SimpleNamespace(**{k: v for k, v in checked.items() if k != "img_size"})
+    present = set(vars(sizes))
+    check_bounds(
+        section,
+        sizes,
+        positive=tuple(present & {"patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio"}),
+        non_negative=tuple(present & {"reg_tokens"}),
+        unit=tuple(k for k in present if k.endswith("drop_rate")),
+    )
+    img_size = checked.get("img_size", 1)
+    if min(img_size if isinstance(img_size, tuple) else (img_size,)) <= 0:
+        raise ConfigError(f"config key '{section}.img_size': must be > 0, got {img_size!r}")
+    return checked
 
 
 @dataclass
@@ -256,11 +368,22 @@ class InferConfig:
     cls_thresh: float = 0.5
     """A class counts as present (its CAM is drawn) when its classifier sigmoid exceeds this."""
     logits_stride: int = 4
-    """Saved logits (``--logits``) are downscaled by this factor."""
-    max_size: int | None = None
+    """Saved logits (``--logits``) are downscaled by this factor (> 0)."""
+    max_size: int | None = 1024
     """Longest image side the model sees; larger images are downscaled for the model and their masks brought back
-    to the original size. None: every image at its own size."""
+    to the original size. 0: no cap, every image at its own size. None, as checkpoints written before this default
+    hold it: 1024. The default bounds the model's work and memory per image, which grow with the square of its
+    tokens: a 12000 x 12000 PNG (140 KB, under PIL's bomb limit) at its own size ran over 10 minutes at 6.3 GB and
+    SIGTERM could not stop the op that ran; capped, it took 19 s on 2 CPU cores and SIGTERM ended it in 2 s. At
+    1024 the largest default TTA scale 1.5 gives a DeiT-S/16 at most 96 x 96 tokens (an op takes seconds on a CPU),
+    while VOC (500 px), COCO (640 px) and the 448 px training crops keep their own size. The full-size logits of
+    the mask still take 4 bytes per class and pixel."""
     crf: CrfConfig = field(default_factory=CrfConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_size is None:
+            self.max_size = type(self).max_size
+        check_bounds("infer", self, positive=("logits_stride",), non_negative=("max_size",))
 
 
 @dataclass
@@ -341,9 +464,7 @@ def from_dict(cls: type, data: Any, key: str = "") -> Any:
         if name not in names:
             close = difflib.get_close_matches(str(name), names, n=1)
             hint = f" Did you mean '{_join(key, close[0])}'?" if close else ""
-            raise ConfigError(
-                f"unknown config key '{_join(key, name)}'.{hint} Valid keys here: {', '.join(names)}"
-            )
+            raise ConfigError(f"unknown config key '{_join(key, name)}'.{hint} Valid keys here: {', '.join(names)}")
     hints = typing.get_type_hints(cls)
     choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(cls) if "choices" in f.metadata}
     values = {name: _coerce(hints[name], value, _join(key, name)) for name, value in data.items()}
@@ -420,20 +541,83 @@ def load_config(path: str | Path, options: dict[str, Any] | None = None) -> Conf
         options: ``{"a.b": value}`` overrides, as parsed from ``--cfg-options a.b=value``.
 
     Raises:
-        FileNotFoundError: The file does not exist.
-        ConfigError: An unknown key or a wrong type (in the file or in the overrides).
+        FileNotFoundError: The file, or a ``_base_`` file, does not exist.
+        ConfigError: An unknown key or a wrong type (in the file or in the overrides), or a config file that is not
+            one: a folder, not ``.py``, a Python syntax error, a ``_base_`` cycle (:func:`check_config_files`).
     """
     from mmengine.config import Config as MMConfig
 
     path = Path(path)
+    if path.is_dir():
+        found = ", ".join(sorted(p.name for p in path.glob("*.py"))[:3])
+        raise ConfigError(f"{path} is a directory, not a config file; give a .py file in it ({found or 'none there'})")
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
+    check_config_files(path)
     raw = MMConfig.fromfile(str(path))
     if options:
         raw.merge_from_dict(options)
     data = raw.to_dict()
     data.pop("_base_", None)
     return from_dict(Config, data)
+
+
+def check_config_files(path: Path, chain: tuple[Path, ...] = ()) -> None:
+    """Check a config file and its ``_base_`` files, each in one line naming the file, where mmengine would give a
+    traceback or a misleading message: a Python syntax error (with its line), a ``_base_`` cycle, a ``_base_``
+    that is missing, a folder or not a ``.py`` config. ``pkg::path`` bases are left to mmengine.
+
+    Args:
+        path: An existing config file.
+        chain: The files that led to ``path`` through their ``_base_`` (resolved), for the cycle check.
+
+    Raises:
+        FileNotFoundError: A ``_base_`` file does not exist.
+        ConfigError: Any other of the above.
+    """
+    if path.suffix != ".py":
+        raise ConfigError(f"{path}: a config file is Python (.py); give the .py config")
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason}, byte {err.start}); save it as UTF-8") from None
+    except SyntaxError as err:
+        raise ConfigError(f"{path} line {err.lineno}: Python syntax error ({err.msg}); fix the config there") from None
+    chain = (*chain, path.resolve())
+    for base in _base_names(tree, path):
+        if "::" in base:
+            continue
+        target = path.parent / base
+        if target.resolve() in chain:
+            cycle = chain[chain.index(target.resolve()) :] + (target.resolve(),)
+            raise ConfigError(f"_base_ cycle: {' -> '.join(map(str, cycle))}; remove the _base_ of one of them")
+        if target.is_dir():
+            raise ConfigError(f"{path}: _base_ '{base}' is a directory; name a .py config file in it")
+        if not target.is_file():
+            raise FileNotFoundError(
+                f"{path}: _base_ '{base}' not found ({target}); _base_ paths are relative to the file that names them"
+            )
+        if target.suffix != ".py":
+            raise ConfigError(f"{path}: _base_ '{base}' is not a Python config file (.py); point it at a .py config")
+        check_config_files(target, chain)
+
+
+def _base_names(tree: ast.Module, path: Path) -> list[str]:
+    """The file names of the first top-level ``_base_ = ...`` of a parsed config (mmengine reads that one)."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "_base_":
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                value = None
+            names = [value] if isinstance(value, str) else value
+            if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+                raise ConfigError(
+                    f"{path}: _base_ must be a file name or a list of file names (line {node.lineno}), "
+                    f"got {ast.unparse(node.value)}"
+                )
+            return list(names)
+    return []
 
 
 def apply_options(cfg: Config, options: dict[str, Any], prefix: str = "") -> Config:
@@ -484,13 +668,54 @@ def _literal(value: Any, indent: int = 0) -> str:
 
 
 def parse_cfg_options(items: list[str] | None) -> dict[str, Any]:
-    """Parse ``["a.b=1", "c=[1,2]"]`` as mmengine's ``DictAction`` does (numbers, lists, booleans, None)."""
-    from mmengine.config import DictAction
+    """Parse ``["a.b=1", "c=[1,2]"]`` as mmengine's ``DictAction`` does (numbers, booleans, None, lists as
+    ``[a, b]`` or ``a,b``, tuples as ``(a, b)``, surrounding quotes dropped), but keep the spaces of a value as
+    typed: ``data.root=/data/my set`` stays ``/data/my set`` (``DictAction`` removes every space). List and tuple
+    items lose only the spaces around them.
 
+    Raises:
+        ConfigError: An item without ``=``, or a value with unbalanced brackets.
+    """
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
             raise ConfigError(f"--cfg-options expects key=value, got '{item}'")
-        k, v = item.split("=", 1)
-        out[k] = DictAction._parse_iterable(v)
+        key, value = item.split("=", 1)
+        out[key] = _parse_value(value.strip("'\""), item)
     return out
+
+
+def _parse_value(text: str, item: str) -> Any:
+    """A list for ``[...]`` or ``a,b``, a tuple for ``(...)``, else a number, bool, None or ``text`` itself."""
+    bare = text.strip()
+    if bare[:1] + bare[-1:] in ("[]", "()"):
+        values = _parse_items(bare[1:-1], item)
+        return tuple(values) if bare[0] == "(" else values
+    if "," in bare:
+        return _parse_items(bare, item)
+    for number in (int, float):
+        try:
+            return number(bare)
+        except ValueError:
+            pass
+    if bare.lower() in ("true", "false"):
+        return bare.lower() == "true"
+    return None if bare == "None" else text
+
+
+def _parse_items(body: str, item: str) -> list[Any]:
+    """The comma-separated values of ``body``, split outside brackets; a trailing comma adds nothing."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(body):
+        depth += (char in "([") - (char in ")]")
+        if depth < 0:
+            break
+        if char == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ConfigError(f"--cfg-options: unbalanced brackets in '{item}'")
+    parts.append(body[start:])
+    if not parts[-1].strip():
+        parts.pop()
+    return [_parse_value(part.strip().strip("'\""), item) for part in parts]

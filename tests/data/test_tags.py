@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import tiny_tagged_config
-from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels
+from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels, tag_warnings
 from wsss.data.voc import TaggedValDataset, VOCClsDataset, val_dataset
+from wsss.engine.train import train
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
@@ -36,7 +37,7 @@ def test_json_and_classes_from_the_file(tmp_path):
     ("name", "text", "message"),
     [
         ("t.csv", "img,labels\na.jpg,cat\n", "first line must be the header 'image,tags'"),
-        ("t.csv", "image,tags\na.jpg,cat,dog\n", "line 2: expected 2 fields"),
+        ("t.csv", "image,tags\na.jpg,cat\nb.jpg\n", "line 3: expected the image, a comma, then its tags"),
         ("t.csv", "image,tags\na.jpg,cat\na.jpg,dog\n", "line 3: image 'a.jpg' is listed twice"),
         ("t.json", '{"a.jpg": "cat"}', "the tags of 'a.jpg' must be a list"),
         ("t.json", "[1]", "expected a JSON object"),
@@ -96,3 +97,61 @@ def test_empty_val_part_says_what_to_change(tiny_tagged):
     with pytest.raises(ValueError, match="no image falls in the 'val' part.*data.val_fraction"):
         TaggedValDataset(cfg, MEAN, STD)
     assert np.isfinite(len(VOCClsDataset(cfg, MEAN, STD)))
+
+
+def test_commas_separate_tags_quoted_or_not(tmp_path):
+    path = tmp_path / "tags.csv"
+    path.write_text(
+        'image,tags\na.jpg,"disc, ring"\nb.jpg,"disc,ring"\nc.jpg,disc,ring\nd.jpg,"Disc, "\ne.jpg,cat;dog,ring\n'
+    )
+    assert read_tags(path) == {
+        "a.jpg": ["disc", "ring"], "b.jpg": ["disc", "ring"], "c.jpg": ["disc", "ring"], "d.jpg": ["Disc"],
+        "e.jpg": ["cat", "dog", "ring"],
+    }  # fmt: skip
+
+
+def test_a_line_beyond_the_csv_field_limit_is_one_error_with_file_and_line(tmp_path):
+    path = tmp_path / "tags.csv"
+    path.write_text("image,tags\na.jpg,cat\nb.jpg," + "x" * 300_000 + "\nc.jpg,dog\n")
+    with pytest.raises(ValueError, match=r"line 3: a field is longer than 131072 characters") as err:
+        read_tags(path)
+    assert str(err.value).startswith(f"{path} line 3:") and "\n" not in str(err.value)
+
+
+def test_tag_warnings_name_near_duplicate_and_rare_classes(tmp_path):
+    path = tmp_path / "tags.csv"
+    tags = {f"{i}.jpg": ["disc", "ring"] for i in range(4)}
+    tags |= {"a.jpg": ["Disc"], "b.jpg": ["disc.", "Ring"], "c.jpg": ["Background", "cat"], "d.jpg": ["background"]}
+    assert tag_warnings(tags, tag_classes(tags), 0, path) == [
+        f"warning: {path}: classes 'Background', 'background' differ only in case or surrounding punctuation; "
+        "if they are one class, write it one way",
+        f"warning: {path}: classes 'Disc', 'disc', 'disc.' differ only in case or surrounding punctuation; "
+        "if they are one class, write it one way",
+        f"warning: {path}: classes 'Ring', 'ring' differ only in case or surrounding punctuation; "
+        "if they are one class, write it one way",
+    ]
+    rare = tag_warnings(tags, tag_classes(tags), 4, path)[3:]
+    assert rare == [
+        f"warning: {path}: 5 class(es) are tagged on fewer than data.min_class_images=4 images, too few to learn "
+        "them: 'Background' (1), 'Disc' (1), 'Ring' (1), 'cat' (1), 'disc.' (1); tag more images of them or "
+        "merge them into other classes"
+    ]
+    two_cats = {"a.jpg": ["cat"], "b.jpg": ["cat"]}
+    assert tag_warnings(two_cats, ["background", "cat"], 2, path) == []
+    assert tag_warnings(two_cats, ["background", "cat", "dog"], 2, path) == [
+        f"warning: {path}: 1 class(es) are tagged on fewer than data.min_class_images=2 images, too few to learn "
+        "them: 'dog' (0); tag more images of them or merge them into other classes"
+    ]
+
+
+def test_training_logs_the_tag_warnings(tiny_tagged, tmp_path, capsys):
+    rows = (tiny_tagged / "tags.csv").read_text().replace("set0/b1.jpg,cat;dog", "set0/b1.jpg,Cat;dog")
+    (tiny_tagged / "tags.csv").write_text(rows)
+    cfg = tiny_tagged_config(tiny_tagged, max_iters=1, val_interval=1, ckpt_interval=1)
+    cfg.data.min_class_images = 5
+    train(cfg, work_dir=tmp_path / "w", device="cpu")
+    log = (tmp_path / "w" / "log.txt").read_text()
+    near = f"warning: {tiny_tagged / 'tags.csv'}: classes 'Cat', 'cat' differ only in case"
+    rare = "1 class(es) are tagged on fewer than data.min_class_images=5 images, too few to learn them: 'Cat' (1)"
+    assert near in log and rare in log
+    assert near in capsys.readouterr().out

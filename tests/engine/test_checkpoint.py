@@ -174,3 +174,21 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(saved, monkeypatch, fa
     assert not (work / "iter_9.pth").exists() and not [n for n in after if n.endswith(".tmp")]
     assert {n: after[n] for n in before} == before  # the old checkpoints, their checksums, the marker
     assert load_resume_checkpoint(work)[0] == work / "iter_6.pth"
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_unreadable_files_give_one_line_without_torchs_unsafe_hint(saved, tmp_path):
+    from safetensors.torch import save_file
+
+    _, _, work = saved
+    good = torch.load(work / "iter_6.pth", weights_only=True)
+    save_file({"w": torch.zeros(2)}, tmp_path / "weights.safetensors")
+    (tmp_path / "empty.pth").write_bytes(b"")
+    paths = [*_malicious_files(tmp_path, tmp_path / "pwned", good), tmp_path / "weights.safetensors",
+             tmp_path / "empty.pth"]  # fmt: skip
+    for path in paths:
+        with pytest.raises(ValueError) as info:
+            load_checkpoint(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}: ") and "\n" not in message and "weights_only" not in message, message
+        assert "not a wsss checkpoint (.pth written by tools/train.py)" in message

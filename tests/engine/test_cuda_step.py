@@ -249,7 +249,7 @@ def test_a_cuda_checkpoint_saves_from_the_cpu_and_loads_back_onto_cuda(tmp_path)
             assert torch.equal(got.detach().cpu(), want)
 
         resumed = train_iterations(cfg, copy.deepcopy(model), CUDA, make_batch(), its=())  # resume: cpu -> cuda
-        restore_training_state(ckpt, path, resumed.model, resumed.optimizer, resumed.scheduler)
+        restore_training_state(ckpt, path, resumed.model, resumed.optimizer, resumed.scheduler, ckpt["classes"])
         state = list(resumed.optimizer.state.values())
         assert all(v.device.type == "cuda" for s in state for v in s.values())  # fused AdamW: step too
         for got, want in zip(state, moments, strict=True):

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from tests.conftest import tiny_config
+from wsss.engine.checkpoint import LAST_CHECKPOINT
 from wsss.engine.logger import chance_warning
 from wsss.engine.train import train
 
@@ -77,3 +78,42 @@ def test_chance_warning_once_after_warmup(tiny_voc, tmp_path, capsys):
     cfg = tiny_config(tiny_voc, max_iters=5, chance_loss_ratio=10.0)
     train(cfg, work_dir=tmp_path / "ok", device="cpu")
     assert "warning: after" not in (tmp_path / "ok" / "log.txt").read_text()
+
+
+def tensorboard_steps(work) -> dict[str, list[int]]:
+    """The steps of each scalar TensorBoard shows for ``work/tb`` (abandoned tails purged as it purges them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(work / "tb")).Reload()
+    return {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def jsonl_steps(work) -> dict[str, list[int]]:
+    """The steps of each scalar in scalars.jsonl."""
+    steps: dict[str, list[int]] = {}
+    for row in read_rows(work):
+        for key in row.keys() - {"step"}:
+            steps.setdefault(key, []).append(row["step"])
+    return steps
+
+
+def test_tensorboard_keeps_the_resume_step(tiny_voc, tmp_path):
+    """Killed after iteration 3 with its last checkpoint at 2, resumed from 2: TensorBoard hides the abandoned
+    step 3 and keeps step 2, as scalars.jsonl does."""
+    train(tiny_config(tiny_voc, max_iters=3, ckpt_interval=2, val_interval=2), work_dir=tmp_path, device="cpu")
+    longer = tiny_config(tiny_voc, max_iters=6, ckpt_interval=2, val_interval=2)
+    train(longer, work_dir=tmp_path, resume=str(tmp_path / "iter_2.pth"), device="cpu")
+    tb, jsonl = tensorboard_steps(tmp_path), jsonl_steps(tmp_path)
+    assert jsonl["val/seg_mIoU"] == [2, 4, 6] and jsonl["loss/total"] == [1, 2, 3, 4, 5, 6]
+    assert tb == jsonl
+
+
+def test_tensorboard_after_a_resume_from_zero_has_each_step_once(tiny_voc, tmp_path):
+    """Killed before its first checkpoint and resumed (from iteration 0): no step twice in TensorBoard."""
+    train(tiny_config(tiny_voc, max_iters=2, ckpt_interval=2, val_interval=2), work_dir=tmp_path, device="cpu")
+    for path in [*tmp_path.glob("iter_*"), tmp_path / LAST_CHECKPOINT]:  # as if killed before saving
+        path.unlink()
+    train(tiny_config(tiny_voc, max_iters=3, val_interval=3), work_dir=tmp_path, resume=True, device="cpu")
+    tb, jsonl = tensorboard_steps(tmp_path), jsonl_steps(tmp_path)
+    assert jsonl["loss/total"] == [1, 2, 3] and jsonl["val/seg_mIoU"] == [3]
+    assert tb == jsonl

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
+from tools import train as train_cli
 from wsss.config import dump_config
+from wsss.data.labels import labels_from_masks, save_labels
 from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from wsss.engine.resume import config_changes, restore_training_state
 from wsss.engine.schedule import PolyWarmupScheduler, lr_factor
@@ -55,7 +57,7 @@ def test_extending_a_finished_run_follows_the_new_schedule(tiny_voc, tmp_path, c
 
     # The rates right after resuming are those of the new config at iteration 4.
     model, optimizer, scheduler = _optimizer_for(longer)
-    assert restore_training_state(a, work / "iter_4.pth", model, optimizer, scheduler) == 4
+    assert restore_training_state(a, work / "iter_4.pth", model, optimizer, scheduler, a["classes"]) == 4
     o = longer.optim
     factor = lr_factor(4, 8, o.warmup_iters, o.warmup_ratio, o.power)
     assert factor > 0.5
@@ -70,7 +72,7 @@ def test_a_changed_learning_rate_applies_on_resume(tiny_voc, tmp_path):
     cfg = tiny_config(tiny_voc, max_iters=6)
     cfg.optim.lr, cfg.optim.weight_decay = 3e-4, 0.05
     model, optimizer, scheduler = _optimizer_for(cfg)
-    restore_training_state(ckpt, work / "iter_3.pth", model, optimizer, scheduler)
+    restore_training_state(ckpt, work / "iter_3.pth", model, optimizer, scheduler, ckpt["classes"])
     factor = lr_factor(3, 6, cfg.optim.warmup_iters, cfg.optim.warmup_ratio, cfg.optim.power)
     assert _rates(optimizer)["backbone"] == pytest.approx(3e-4 * factor)
     assert _rates(optimizer)["heads"] == pytest.approx(3e-4 * cfg.optim.head_lr_mult * factor)
@@ -108,3 +110,19 @@ def test_runs_killed_at_random_moments_resume_to_identical_weights(tiny_voc, tmp
     resumed = load_checkpoint(work / "iter_10.pth")
     for k in full["model"]:
         assert torch.equal(full["model"][k], resumed["model"][k]), k
+
+
+def test_resuming_with_other_classes_names_both_lists(tiny_voc, tmp_path, capsys):
+    work = tmp_path / "w"
+    train(tiny_config(tiny_voc, max_iters=3), work_dir=work, device="cpu")
+    capsys.readouterr()
+    four = ["background", "cat", "dog", "bird"]
+    (tiny_voc / "classes.txt").write_text("\n".join(four) + "\n")
+    save_labels(tiny_voc / "cls_labels.json", labels_from_masks(tiny_voc / "SegmentationClass", 4), four)
+    cfg_file = tmp_path / "cfg.py"
+    dump_config(tiny_config(tiny_voc, max_iters=6), cfg_file)
+    assert train_cli.main([str(cfg_file), "--work-dir", str(work), "--resume", "--device", "cpu"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "edited" not in err[0]
+    assert err[0].startswith(f"error: {work / 'iter_3.pth'}: ")
+    assert "['background', 'cat', 'dog']" in err[0] and "['background', 'cat', 'dog', 'bird']" in err[0]

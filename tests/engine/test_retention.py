@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tests.conftest import tiny_config
-from wsss.engine.checkpoint import LAST_CHECKPOINT
+from wsss.engine.checkpoint import LAST_CHECKPOINT, checksum_path
 from wsss.engine.retention import BEST_FILE, CheckpointKeeper
 from wsss.engine.train import train
 
@@ -61,3 +61,14 @@ def test_training_keeps_what_it_should(tiny_voc, tmp_path):
     best = json.loads((tmp_path / BEST_FILE).read_text())
     assert best["step"] == best_step and best["seg_mIoU"] == val[best_step]
     assert names(tmp_path) == sorted({"iter_5.pth", "iter_6.pth", f"iter_{best_step}.pth"})
+    checksums = sorted(p.name for p in tmp_path.glob("*.pth.sha256"))
+    assert checksums == sorted(checksum_path(tmp_path / n).name for n in names(tmp_path))
+
+
+def test_a_deleted_checkpoint_takes_its_checksum_along(tmp_path):
+    make_checkpoints(tmp_path, [1, 2, 3])
+    for step in (1, 2, 3):
+        checksum_path(tmp_path / f"iter_{step}.pth").write_text("0" * 64 + "\n")
+    checksum_path(tmp_path / "iter_0.pth").write_text("0" * 64 + "\n")  # left by an older version's pruning
+    assert CheckpointKeeper(tmp_path, max_keep=1, start=0).prune() == [tmp_path / "iter_1.pth", tmp_path / "iter_2.pth"]
+    assert sorted(p.name for p in tmp_path.glob("*.sha256")) == ["iter_3.pth.sha256"]

@@ -43,6 +43,18 @@ def test_resume_is_exact(tiny_voc, tmp_path):
     assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
 
 
+def test_resume_is_exact_when_validating_at_the_checkpoint(tiny_voc, tmp_path):
+    """The checkpoint is saved before the validation of its iteration (which must not change the random state),
+    so a resume from it continues exactly."""
+    full = train(tiny_config(tiny_voc, val_interval=3), work_dir=tmp_path / "full", device="cpu")
+    resumed = train(tiny_config(tiny_voc, val_interval=3), work_dir=tmp_path / "resumed", device="cpu",
+                    resume=str(tmp_path / "full" / "iter_3.pth"))  # fmt: skip
+    a, b = load_checkpoint(full.checkpoint), load_checkpoint(resumed.checkpoint)
+    assert a["step"] == b["step"] == 6
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
 def test_checkpoint_is_self_describing(tiny_voc, tmp_path):
     cfg = tiny_config(tiny_voc, max_iters=3)
     res = train(cfg, work_dir=tmp_path / "w", device="cpu")
@@ -126,15 +138,17 @@ def test_ddp_resume_is_exact_with_stochastic_depth(tiny_voc, tmp_path):
     cfg_file = tmp_path / "cfg.py"
     dump_config(cfg, cfg_file)
     script = tmp_path / "run_ddp.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os, torch
         from wsss.config import load_config
         from wsss.engine.train import train
-        res = train(load_config({str(cfg_file)!r}), work_dir={str(tmp_path / 'full')!r}, device="cpu")
+        res = train(load_config({str(cfg_file)!r}), work_dir={str(tmp_path / "full")!r}, device="cpu")
         rank = os.environ['RANK']
         torch.save(res.model.state_dict(), {str(tmp_path)!r} + f"/rank{{rank}}.pth")
         open({str(tmp_path)!r} + f"/history{{rank}}.json", "w").write(json.dumps(res.history))
-    """))
+    """)
+    )
     torchrun(str(script))
     r0 = torch.load(tmp_path / "rank0.pth", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pth", weights_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, tiny_tagged_config
 from tools import train as train_cli
 from wsss.config import dump_config
 from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
@@ -68,3 +69,52 @@ def test_stale_temporaries_of_killed_writes_are_removed_at_start(tiny_voc, tmp_p
     live.write_bytes(b"being written")
     train(tiny_config(tiny_voc, max_iters=1, ckpt_interval=1), work_dir=work, device="cpu")
     assert not stale.exists() and live.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("data.val_fraction=0", "no image falls in the 'val' part"),
+        ("model.pretrained=missing.pth", "pretrained checkpoint not found"),
+    ],
+)
+def test_overwrite_deletes_nothing_when_the_config_or_data_fail(tiny_tagged, tmp_path, capsys, option, message):
+    """--overwrite checks the data and builds the model first: a run that cannot start leaves the earlier one."""
+    work, cfg_file = tmp_path / "w", tmp_path / "cfg.py"
+    dump_config(tiny_tagged_config(tiny_tagged, max_iters=2, ckpt_interval=1, val_interval=2), cfg_file)
+    assert train_cli.main([str(cfg_file), "--work-dir", str(work), "--device", "cpu"]) == 0
+    before = {p.relative_to(work): p.read_bytes() for p in work.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+    assert {"iter_1.pth", "iter_2.pth", "log.txt", "scalars.jsonl"} <= {p.name for p in before}
+    argv = [str(cfg_file), "--work-dir", str(work), "--device", "cpu", "--overwrite", "--cfg-options", option]
+    assert train_cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+    after = {p.relative_to(work): p.read_bytes() for p in work.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+    assert after == before
+
+
+def test_a_fresh_start_moves_the_earlier_runs_logs_aside(tiny_voc, tmp_path, capsys):
+    """log.txt, scalars.jsonl and tb/ of the deleted run go to earlier_runs/<time>/, so TensorBoard and the log
+    show one run; a fresh start in a work dir without checkpoints (a run that failed early) moves them too."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    work = tmp_path / "w"
+    train(tiny_config(tiny_voc, max_iters=3), work_dir=work, device="cpu")
+    old = {name: (work / name).read_bytes() for name in ("log.txt", "scalars.jsonl")}
+    train(tiny_config(tiny_voc, max_iters=2, ckpt_interval=2), work_dir=work, device="cpu", overwrite=True)
+    out = capsys.readouterr().out
+    (aside,) = (work / "earlier_runs").iterdir()
+    assert f"moved the earlier run's log.txt, scalars.jsonl, tb/ to {aside}" in out
+    assert {name: (aside / name).read_bytes() for name in old} == old
+    assert len(list((aside / "tb").iterdir())) == len(list((work / "tb").iterdir())) == 1
+    assert (work / "log.txt").read_text().count("run starts at iteration") == 1
+    assert [json.loads(line)["step"] for line in (work / "scalars.jsonl").read_text().splitlines()] == [1, 2]
+    events = EventAccumulator(str(work / "tb")).Reload()
+    assert [e.step for e in events.Scalars("loss/total")] == [1, 2]
+    assert not (work / "best_checkpoint.json").exists() or "iter_2.pth" in (work / "best_checkpoint.json").read_text()
+
+    for path in work.glob("iter_*"):  # a run that ended before its first checkpoint
+        path.unlink()
+    (work / LAST_CHECKPOINT).unlink()
+    train(tiny_config(tiny_voc, max_iters=1, ckpt_interval=1), work_dir=work, device="cpu")
+    assert len(list((work / "earlier_runs").iterdir())) == 2
+    assert (work / "log.txt").read_text().count("run starts at iteration") == 1

@@ -46,10 +46,7 @@ def test_evaluate_folders_matches_in_memory(tmp_path: Path) -> None:
     cm_sub = ConfusionMatrix(3)
     for key in ("img_0", "set1/img_1"):
         cm_sub.update(*pairs[key])
-    assert (
-        evaluate_folders(tmp_path / "pred", tmp_path / "gt", 3, ids=subset).summary
-        == cm_sub.compute().summary
-    )
+    assert evaluate_folders(tmp_path / "pred", tmp_path / "gt", 3, ids=subset).summary == cm_sub.compute().summary
 
 
 def test_cli_writes_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -92,9 +89,7 @@ def test_cli_errors_name_the_files(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_cli_reduce_zero_label(tmp_path: Path) -> None:
-    gt = np.array(
-        [[0, 1, 2, 3], [3, 3, 255, 1]], dtype=np.uint8
-    )  # reduced: ignore, 0, 1, 2 / 2, 2, ignore, 0
+    gt = np.array([[0, 1, 2, 3], [3, 3, 255, 1]], dtype=np.uint8)  # reduced: ignore, 0, 1, 2 / 2, 2, ignore, 0
     pred = np.array([[2, 0, 1, 1], [2, 0, 0, 0]], dtype=np.uint8)
     save_mask(tmp_path / "gt" / "a.png", gt)
     save_mask(tmp_path / "pred" / "a.png", pred)
@@ -133,3 +128,23 @@ def test_eval_cli_class_names_follow_the_dataset(tmp_path, capsys):
     assert eval_cli.main([pred, gt, "--classes", str(tmp_path / "classes.txt")]) == 0
     printed = capsys.readouterr().out
     assert "| bg " in printed and "classes from" not in printed
+
+
+def test_predictions_outside_the_classes_are_warned(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Predicted values >= C count as misses, which lowers mIoU: a warning gives their count and the first file."""
+    pairs = write_folders(tmp_path)
+    keys = sorted(pairs)
+    for key, extra in ((keys[1], 7), (keys[3], 5)):  # values 3 and 200 in a 3-class run
+        pred = pairs[key][0].copy()
+        pred[1, :extra] = 3 if key == keys[1] else 200
+        save_mask(tmp_path / "pred" / f"{key}.png", pred)
+    argv = [str(tmp_path / "pred"), str(tmp_path / "gt"), "--num-classes", "3", "--workers", "0"]
+    assert eval_cli.main(argv) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, warnings
+    assert "12 predicted pixels in 2 masks" in warnings[0] and "outside [0, 3)" in warnings[0], warnings[0]
+    assert str(tmp_path / "pred" / f"{keys[1]}.png") in warnings[0]
+
+    write_folders(tmp_path)  # predictions within the classes: no warning
+    assert eval_cli.main(argv) == 0
+    assert "warning:" not in capsys.readouterr().err

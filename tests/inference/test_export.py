@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import numpy as np
@@ -13,6 +14,7 @@ from wsss.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from wsss.inference.export import SegmentationExport, load_safetensors
 from wsss.inference.predictor import Segmenter
 from wsss.models.tta import tta_forward
+from wsss.utils import fileio
 from wsss.utils.fileio import read_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,3 +71,17 @@ def test_onnx_matches_pytorch_at_any_size(toy_checkpoint, tmp_path):
         torch.testing.assert_close(wrapped[0], ref.seg)  # the exported module is single-scale inference
         np.testing.assert_allclose(seg, ref.seg.numpy(), atol=1e-4, rtol=0)
         np.testing.assert_allclose(cls, ref.cls_logits.numpy(), atol=1e-4, rtol=0)
+
+
+def test_a_full_disk_names_the_export(toy_checkpoint, tmp_path, monkeypatch, capsys):
+    _, ckpt_path = toy_checkpoint
+    out = tmp_path / "model.safetensors"
+
+    def disk_full(path, mode="wb"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio, "atomic_open", disk_full)
+    assert export_cli.main([str(ckpt_path), "--safetensors", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write {out}: the disk is full"), err
+    assert not out.exists() and not list(tmp_path.iterdir())

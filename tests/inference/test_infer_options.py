@@ -1,13 +1,21 @@
-"""tools/infer.py: --cfg-options (the checkpoint's inference settings, infer.*, overridden as mmseg users do) and
---follow-symlinks."""
+"""tools/infer.py: --cfg-options (the checkpoint's inference settings, infer.*, overridden as mmseg users do),
+--follow-symlinks, folders that would make an output overwrite an input, the size cap and nonsense options."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+
+import pytest
+import torch
+from PIL import Image
 
 from tests.inference.test_runner import trained  # noqa: F401  (the module-scoped fixture)
 from tools import infer as infer_cli
+from wsss.config import ConfigError, InferConfig, from_dict
+from wsss.inference import predictor
+from wsss.utils.fileio import read_mask
 
 
 def test_cfg_options_override_inference_settings(trained, tmp_path, capsys):  # noqa: F811
@@ -39,3 +47,109 @@ def test_follow_symlinks_reads_a_folder_of_links(trained, tmp_path, capsys):  # 
     out = tmp_path / "followed"
     assert infer_cli.main([str(ckpt), str(links), str(out), "--no-progress", "--follow-symlinks"]) == 0
     assert sorted(p.name for p in (out / "masks").iterdir()) == ["val_00000.png", "val_00001.png"]
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_an_input_folder_inside_the_output_is_refused(trained, tmp_path, capsys):  # noqa: F811
+    """INPUT inside an output kind's folder of OUTPUT (thumbs/, masks/): refused, the inputs keep their bytes."""
+    root, ckpt = trained
+    proj = tmp_path / "proj"
+    (proj / "thumbs").mkdir(parents=True)
+    shutil.copy(root / "JPEGImages" / "val_00000.jpg", proj / "thumbs" / "a.jpg")
+    (proj / "masks").mkdir()
+    shutil.copy(root / "SegmentationClass" / "val_00000.png", proj / "masks" / "a.png")  # ground truth
+    before = {p: p.read_bytes() for p in proj.rglob("*") if p.is_file()}
+    for inp, extra in ((proj / "thumbs", ["--gallery"]), (proj / "masks", []), (proj / "masks", ["--overwrite"])):
+        assert infer_cli.main([str(ckpt), str(inp), str(proj), "--no-progress", *extra]) == 2
+        line = _one_error_line(capsys.readouterr().err)
+        assert str(inp) in line and str(proj) in line, line
+    assert {p: p.read_bytes() for p in proj.rglob("*") if p.is_file()} == before  # nothing written at all
+
+    # INPUT beside the output kinds (proj/photos with OUTPUT proj) is fine: no output can land on it
+    (proj / "photos").mkdir()
+    shutil.copy(root / "JPEGImages" / "val_00001.jpg", proj / "photos" / "b.jpg")
+    photo = (proj / "photos" / "b.jpg").read_bytes()
+    assert infer_cli.main([str(ckpt), str(proj / "photos"), str(proj), "--no-progress", "--gallery"]) == 0
+    assert (proj / "masks" / "b.png").is_file() and (proj / "photos" / "b.jpg").read_bytes() == photo
+    assert (proj / "masks" / "a.png").read_bytes() == before[proj / "masks" / "a.png"]
+
+
+def test_an_output_that_is_an_input_file_is_refused(trained, tmp_path, capsys):  # noqa: F811
+    """An input link (--follow-symlinks) to the very file an output path names: that image is skipped, unwritten."""
+    root, ckpt = trained
+    inp, out = tmp_path / "in", tmp_path / "out"
+    (out / "masks").mkdir(parents=True)
+    inp.mkdir()
+    Image.open(root / "JPEGImages" / "val_00000.jpg").save(out / "masks" / "a.png")  # a photo kept there
+    os.symlink(out / "masks" / "a.png", inp / "a.png")
+    shutil.copy(root / "JPEGImages" / "val_00001.jpg", inp / "b.jpg")
+    photo = (out / "masks" / "a.png").read_bytes()
+    assert infer_cli.main([str(ckpt), str(inp), str(out), "--no-progress", "--follow-symlinks"]) == 0
+    printed = capsys.readouterr().out
+    assert "a.png: its output" in printed and "is the input file" in printed, printed
+    assert (out / "masks" / "a.png").read_bytes() == photo and (out / "masks" / "b.png").is_file()
+
+
+def _recorded_sizes(monkeypatch) -> list[tuple[int, int]]:
+    """Record the (H, W) the model is run at (before the TTA scales)."""
+    sizes = []
+    real = predictor.tta_forward
+
+    def recording(model, x, *args, **kwargs):
+        sizes.append(tuple(x.shape[-2:]))
+        return real(model, x, *args, **kwargs)
+
+    monkeypatch.setattr(predictor, "tta_forward", recording)
+    return sizes
+
+
+def test_max_size_has_a_default_cap_and_zero_means_none(trained, tmp_path, monkeypatch, capsys):  # noqa: F811
+    root, ckpt = trained
+    cap = InferConfig().max_size
+    assert isinstance(cap, int) and 448 <= cap <= 2048  # bounded by default, training crops unchanged
+    assert from_dict(InferConfig, {"max_size": None}).max_size == cap  # checkpoints written before the default
+    inp = tmp_path / "in"
+    inp.mkdir()
+    Image.open(root / "JPEGImages" / "val_00000.jpg").resize((cap + 200, 40)).save(inp / "wide.png")
+    sizes = _recorded_sizes(monkeypatch)
+    options = ["--scales", "1.0", "--no-flip", "--workers", "0", "--no-progress"]
+    assert infer_cli.main([str(ckpt), str(inp), str(tmp_path / "capped"), *options]) == 0
+    assert sizes[-1][1] == cap and json.loads((tmp_path / "capped" / "run.json").read_text())["max_size"] == cap
+    assert infer_cli.main([str(ckpt), str(inp), str(tmp_path / "full"), *options, "--max-size", "0"]) == 0
+    assert sizes[-1] == (40, cap + 200) and json.loads((tmp_path / "full" / "run.json").read_text())["max_size"] == 0
+    assert read_mask(tmp_path / "full" / "masks" / "wide.png").shape == (40, cap + 200)
+    assert len(sizes) == 2
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("option", "values"),
+    [("--scales", ["0"]), ("--scales", ["-1"]), ("--scales", ["1.0", "nan"]), ("--max-size", ["-1"]),
+     ("--batch-size", ["0"]), ("--workers", ["-1"]), ("--crf-workers", ["-2"])],
+)  # fmt: skip
+def test_nonsense_options_are_refused(trained, tmp_path, capsys, option, values):  # noqa: F811
+    root, ckpt = trained
+    out = tmp_path / "out"
+    assert infer_cli.main([str(ckpt), str(root), str(out), "--split", "val", "--no-progress", option, *values]) == 2
+    assert _one_error_line(capsys.readouterr().err).startswith(f"error: {option}: ")
+    assert not (out / "masks").exists()
+
+
+def test_a_zero_logits_stride_is_refused(trained, tmp_path, capsys):  # noqa: F811
+    root, ckpt = trained
+    with pytest.raises(ConfigError, match="infer.logits_stride"):
+        InferConfig(logits_stride=0)
+    base = [str(root), str(tmp_path / "out"), "--split", "val", "--no-progress", "--logits"]
+    assert infer_cli.main([str(ckpt), *base, "--cfg-options", "infer.logits_stride=0"]) == 2
+    assert "infer.logits_stride" in _one_error_line(capsys.readouterr().err)
+    crafted = torch.load(ckpt, weights_only=True)
+    crafted["config"]["infer"]["logits_stride"] = 0
+    torch.save(crafted, tmp_path / "crafted.pth")
+    assert infer_cli.main([str(tmp_path / "crafted.pth"), *base]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "infer.logits_stride" in line and "crafted.pth" in line, line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from wsss.data.toy_render import TOY_CLASSES
 from wsss.inference import runner
 from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.inference.sources import list_split
+from wsss.utils import fileio
 from wsss.utils.fileio import read_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -204,3 +206,37 @@ def test_an_interrupted_run_keeps_every_image_label(trained, tmp_path, monkeypat
     assert labels["images"][first]["cam_classes"]
     (row,) = [line for line in (out / "index.html").read_text().splitlines() if line.startswith(f"<tr><td>{first}<")]
     assert row.endswith(f"<td>{', '.join(labels['images'][first]['cam_classes'])}</td></tr>")  # its classes shown
+
+
+def test_a_full_disk_names_the_file_and_keeps_what_is_done(trained, tmp_path, monkeypatch, capsys):
+    """The disk fills while one mask is written: one error line naming it, the images before it complete, the
+    summary and image_labels.json written; a re-run after that finishes the rest."""
+    root, ckpt = trained
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_input(root, inp)  # processed in the order z.jpg, a/x.jpg, a/b/y.jpg
+    full = out / "masks" / "a" / "x.png"
+    real_open = fileio.atomic_open
+
+    def disk_full_for_one(path, mode="wb"):
+        if Path(path) == full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode)
+
+    monkeypatch.setattr(fileio, "atomic_open", disk_full_for_one)
+    args = [str(ckpt), str(inp), str(out), "--scales", "1.0", "--no-flip", "--workers", "0", "--no-progress",
+            "--gallery"]  # fmt: skip
+    assert infer_cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write {full}: the disk is full"), err
+    assert "1 image finished in this run" in err[0] and "2 not finished" in err[0], err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["done"] == 1 and str(full) in summary["error"]
+    assert (out / "masks" / "z.png").is_file() and not full.exists() and not (out / "masks" / "a" / "b").exists()
+    assert set(json.loads((out / "image_labels.json").read_text())["images"]) == {"z.jpg"}
+    assert 'src="thumbs/z.jpg"' in (out / "index.html").read_text()
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+    monkeypatch.undo()
+    assert infer_cli.main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["done"] == 2 and summary["existing"] == 1 and "error" not in summary

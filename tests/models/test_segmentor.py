@@ -169,7 +169,7 @@ def test_config_errors():
         tiny_model(name="centred")
     with pytest.raises(ValueError, match="background"):
         tiny_model(num_classes=1)
-    with pytest.raises(IndexError):
+    with pytest.raises(ValueError, match=r"'model.aux_layer' \(4\) and 'model.backbone_kwargs.depth' \(4 for"):
         tiny_model(aux_layer=4)
 
 

@@ -1,9 +1,13 @@
-"""Pre-scan of a VOC-layout dataset: every problem that would stop or silently hurt a training run, listed at
+"""Pre-scan of a dataset, every layout: every problem that would stop or silently hurt a training run, listed at
 once (``tools/check_dataset.py``, and ``data.check_images`` at training start).
 
-Checked: the class list, the label file (entries 0/1, one per foreground class, every training id present),
-every image of the train and val splits (exists, is a regular file, decodes), and every mask (present for
-val, same size as its image, values in ``[0, C)`` or the ignore index).
+Checked, for the VOC layout (PASCAL VOC, and COCO as ``tools/convert_coco.py`` writes it): the class list, the
+label file (entries 0/1, one per foreground class, every training id present), every id of the train and val
+splits (a plain relative path: not absolute, no ``..``; see :mod:`wsss.data.paths`), every image (exists,
+inside the root, a regular file, decodes, within ``data.max_image_pixels``) and every mask (present for val,
+inside the root, same size as its image, values in ``[0, C)`` or the ignore index). For the tags layout: the
+tags file (readable, its classes those of ``data.classes`` when given), its ids, both parts of its split
+non-empty and every image as above; there are no masks.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from wsss.config import DataConfig
 from wsss.data.classes import load_classes
 from wsss.data.folder import Skipped
 from wsss.data.labels import check_mask_values, load_labels, under_root
-from wsss.data.voc import find_image, read_split, resolve_root, resolve_split
+from wsss.data.paths import UnsafePathError, line_of, safe_relative
+from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels
+from wsss.data.voc import image_file, mask_file, read_split, resolve_root, resolve_split
 from wsss.utils.fileio import read_image, read_mask
 
 __all__ = ["check_dataset"]
@@ -27,47 +33,95 @@ def check_dataset(cfg: DataConfig, progress: bool = True) -> list[Skipped]:
 
     Raises:
         FileNotFoundError: The root, its image folder or the class file is missing (nothing else can be checked).
-        ValueError: The set is not in the VOC layout.
     """
-    if cfg.layout != "voc":
-        raise ValueError(f"check_dataset reads VOC-layout sets; data.layout is {cfg.layout!r}")
     root = resolve_root(cfg.root, cfg.image_dir)
-    classes = load_classes(under_root(root, cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
     problems: list[Skipped] = []
-    label_path = under_root(root, cfg.label_file)
-    try:
-        labels = load_labels(label_path, classes)
-    except (FileNotFoundError, ValueError) as err:
-        problems.append(Skipped(str(label_path), str(err)))
-        labels = None
-    for split, is_train in ((cfg.train_split, True), (cfg.val_split, False)):
-        try:
-            ids = read_split(resolve_split(root, split))
-        except (FileNotFoundError, ValueError) as err:
-            problems.append(Skipped(split, str(err)))
-            continue
-        for image_id in tqdm(ids, desc=f"check {split}", unit="img", disable=not progress, leave=False):
-            if is_train and labels is not None and image_id not in labels:
-                problems.append(Skipped(image_id, f"no entry in {label_path}"))
-            problem = _check_pair(root, cfg, image_id, len(classes), mask_required=not is_train)
+    splits = _tag_splits(root, cfg, problems) if cfg.layout == "tags" else _voc_splits(root, cfg, problems)
+    num_classes = 0 if cfg.layout == "tags" else len(_classes(root, cfg))
+    for name, ids, mask_required in splits:
+        for image_id in tqdm(ids, desc=f"check {name}", unit="img", disable=not progress, leave=False):
+            problem = _check_pair(root, cfg, image_id, num_classes, mask_required)
             if problem is not None:
                 problems.append(problem)
     return problems
 
 
-def _check_pair(root: Path, cfg: DataConfig, image_id: str, num_classes: int, mask_required: bool) -> Skipped | None:
-    image_path = find_image(root, image_id, cfg.image_dir)
-    if image_path is None:
-        return Skipped(image_id, f"no image in {root / cfg.image_dir}")
-    mask_path = root / cfg.mask_dir / f"{image_id}.png"
+def _voc_splits(root: Path, cfg: DataConfig, problems: list[Skipped]) -> list[tuple[str, list[str], bool]]:
+    """The clean ids of the train and val split files (unsafe ids and label-file gaps go to ``problems``)."""
+    classes = _classes(root, cfg)
+    label_path = under_root(root, cfg.label_file)
     try:
-        image = read_image(image_path)
+        labels = {safe_relative(k) or k: v for k, v in load_labels(label_path, classes).items()}
+    except (FileNotFoundError, ValueError) as err:
+        problems.append(Skipped(str(label_path), str(err)))
+        labels = None
+    splits = []
+    for split, is_train in ((cfg.train_split, True), (cfg.val_split, False)):
+        split_file = resolve_split(root, split)
+        try:
+            ids = _clean_ids(read_split(split_file), split_file, root / cfg.image_dir, problems)
+        except (FileNotFoundError, ValueError) as err:
+            problems.append(Skipped(split, str(err)))
+            continue
+        if is_train and labels is not None:
+            problems += [Skipped(i, f"no entry in {label_path}") for i in ids if i not in labels]
+        splits.append((split, ids, not is_train))
+    return splits
+
+
+def _tag_splits(root: Path, cfg: DataConfig, problems: list[Skipped]) -> list[tuple[str, list[str], bool]]:
+    """The clean ids of the two parts of the tags file (its problems go to ``problems``)."""
+    tags_file = under_root(root, cfg.label_file)
+    try:
+        tags = read_tags(tags_file)
+        ids = _clean_ids(list(tags), tags_file, root / cfg.image_dir, problems)
+        tags = {safe_relative(k): v for k, v in tags.items() if safe_relative(k) is not None}
+        tag_labels(tags, tag_classes(tags) if cfg.classes is None else _classes(root, cfg), tags_file)
+    except (FileNotFoundError, ValueError) as err:
+        problems.append(Skipped(str(tags_file), str(err)))
+        return []
+    train, val = hash_split(sorted(ids), cfg.val_fraction)
+    for name, part in (("train", train), ("val", val)):
+        if not part:
+            reason = f"no image falls in the '{name}' part at data.val_fraction={cfg.val_fraction}"
+            problems.append(Skipped(str(tags_file), reason))
+    return [("train", train, False), ("val", val, False)]
+
+
+def _classes(root: Path, cfg: DataConfig) -> list[str]:
+    return load_classes(under_root(root, cfg.classes) if isinstance(cfg.classes, str) else cfg.classes)
+
+
+def _clean_ids(ids: list[str], source: Path, base: Path, problems: list[Skipped]) -> list[str]:
+    """The ids of ``source`` that are plain relative paths, cleaned; one problem per other id, with its line."""
+    clean = []
+    for image_id in ids:
+        rel = safe_relative(image_id)
+        if rel is None:
+            reason = f"id {image_id!r} is absolute, empty or climbs with '..'; ids are paths relative to {base}"
+            problems.append(Skipped(f"{source}:{line_of(source, image_id) or '?'}", reason))
+        else:
+            clean.append(rel)
+    return clean
+
+
+def _check_pair(root: Path, cfg: DataConfig, image_id: str, num_classes: int, mask_required: bool) -> Skipped | None:
+    try:
+        image_path = image_file(root, image_id, cfg)
+        if image_path is None:
+            return Skipped(image_id, f"no image in {root / cfg.image_dir}")
+        image = read_image(image_path, cfg.max_image_pixels)
+        if cfg.layout == "tags":
+            return None
+        mask_path = mask_file(root, image_id, cfg)
         if not mask_path.is_file():
             return Skipped(str(mask_path), "mask missing") if mask_required else None
         mask = read_mask(mask_path)
         if mask.shape != image.shape[:2]:
             return Skipped(str(mask_path), f"mask is {mask.shape[::-1]}, its image {image.shape[1::-1]} (W, H)")
         check_mask_values(mask, num_classes, cfg.ignore_index, mask_path)
+    except UnsafePathError as err:
+        return Skipped(image_id, str(err))
     except ValueError as err:
         path, _, reason = str(err).partition(": ")
         return Skipped(path, reason)

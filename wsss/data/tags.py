@@ -2,12 +2,15 @@
 
 Two formats, chosen by the file's extension:
 
-- CSV (``.csv``): a header row ``image,tags``, then one row per image; the tags are separated by ``;`` or
-  spaces (quote the field when it holds a comma). An image with no tag shows background only.
+- CSV (``.csv``): a header row ``image,tags``, then one row per image: its path, a comma, its tags separated
+  by commas, ``;`` or spaces (``a.jpg,cat,dog``, ``a.jpg,"cat, dog"`` and ``a.jpg,cat dog`` are the same; quote
+  an image path that holds a comma). An image with no tag (``a.jpg,``) shows background only.
 - JSON (``.json``): ``{"image": ["tag", ...], ...}``.
 
 Image paths are relative to the image folder (``data.root``/``data.image_dir``), with any nesting and with
 their extension. The class list is ``background`` followed by the sorted tags unless ``data.classes`` gives it.
+Tags are taken as written: ``Disc`` and ``disc`` are two classes (:func:`tag_warnings` names such pairs when
+training starts).
 The split names ``train`` and ``val`` select a fixed partition of the file's images: an image is in ``val``
 when a hash of its path falls below ``data.val_fraction``, so adding images never moves the others.
 """
@@ -17,16 +20,18 @@ from __future__ import annotations
 import csv
 import json
 import re
+import string
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from wsss.data.labels import multi_hot
 
-__all__ = ["hash_split", "read_tags", "tag_classes", "tag_labels"]
+__all__ = ["hash_split", "read_tags", "tag_classes", "tag_labels", "tag_warnings"]
 
-_SEPARATORS = re.compile(r"[;\s]+")
+_SEPARATORS = re.compile(r"[,;\s]+")
 
 
 def read_tags(path: str | Path) -> dict[str, list[str]]:
@@ -54,21 +59,41 @@ def read_tags(path: str | Path) -> dict[str, list[str]]:
 
 
 def _read_csv(path: Path) -> dict[str, list[str]]:
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        rows = list(csv.reader(f))
-    if not rows or [c.strip().lower() for c in rows[0]] != ["image", "tags"]:
-        raise ValueError(f"{path}: the first line must be the header 'image,tags'")
     tags: dict[str, list[str]] = {}
-    for line, row in enumerate(rows[1:], start=2):
-        if not any(c.strip() for c in row):
-            continue
-        if len(row) != 2:
-            raise ValueError(
-                f"{path} line {line}: expected 2 fields (image,tags), got {len(row)}; separate tags with ';' or "
-                "spaces, or quote the field"
-            )
-        _add(tags, row[0].strip(), [t for t in _SEPARATORS.split(row[1]) if t], f"{path} line {line}")
+    line = 1  # where the row being read starts
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            if [c.strip().lower() for c in header] != ["image", "tags"]:
+                raise ValueError(f"{path}: the first line must be the header 'image,tags'")
+            line = reader.line_num + 1
+            for row in reader:
+                if any(c.strip() for c in row):
+                    _add_row(tags, row, f"{path} line {line}")
+                line = reader.line_num + 1
+    except csv.Error as err:
+        raise ValueError(
+            f"{path} line {line}: {_csv_problem(err)}; a tags file holds one short 'image,tags' line per image: "
+            "check that data.label_file names it and that every quote is closed"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason}); save it as UTF-8") from None
     return tags
+
+
+def _csv_problem(err: csv.Error) -> str:
+    """The csv module's error in words, with the limit of its ``field larger than field limit``."""
+    if "field limit" in str(err):
+        return f"a field is longer than {csv.field_size_limit()} characters"
+    return f"not readable as CSV ({err})"
+
+
+def _add_row(tags: dict[str, list[str]], row: list[str], where: str) -> None:
+    """Add one CSV row: the image, then tags in any of its other fields, split at commas, ``;`` and spaces."""
+    if len(row) < 2:
+        raise ValueError(f"{where}: expected the image, a comma, then its tags ('image,' for an image without tags)")
+    _add(tags, row[0].strip(), [t for field in row[1:] for t in _SEPARATORS.split(field) if t], where)
 
 
 def _read_json(path: Path) -> dict[str, list[str]]:
@@ -100,6 +125,41 @@ def tag_classes(tags: dict[str, list[str]]) -> list[str]:
     if "background" in names:
         names.remove("background")
     return ["background", *names]
+
+
+def tag_warnings(tags: dict[str, list[str]], classes: list[str], min_images: int, path: str | Path) -> list[str]:
+    """What to fix in a tags file before training on it, one ``warning: ...`` line each (empty if nothing):
+
+    - classes whose names differ only in case or surrounding punctuation (``Disc``, ``disc``, ``disc.``): most
+      likely one class written several ways, which would be learnt as separate classes;
+    - classes (of ``classes`` and of the file, ``background`` aside) tagged on fewer than ``min_images`` images
+      of the file, too few to learn them; ``min_images`` 0 checks none.
+
+    Args:
+        tags: ``{image: [tag, ...]}`` as :func:`read_tags` returns it.
+        classes: The class list (background first).
+        min_images: The fewest tagged images a class should have (``data.min_class_images``).
+        path: The tags file, named in the warnings.
+    """
+    counts = Counter(t for names in tags.values() for t in names)
+    names = sorted(set(classes) | set(counts))
+    spellings: dict[str, list[str]] = {}
+    for name in names:
+        spellings.setdefault(name.strip(string.punctuation + string.whitespace).casefold(), []).append(name)
+    out = [
+        f"warning: {path}: classes {', '.join(map(repr, group))} differ only in case or surrounding punctuation; "
+        "if they are one class, write it one way"
+        for group in spellings.values()
+        if len(group) > 1
+    ]
+    rare = [f"{name!r} ({counts[name]})" for name in names if name != "background" and counts[name] < min_images]
+    if rare:
+        out.append(
+            f"warning: {path}: {len(rare)} class(es) are tagged on fewer than data.min_class_images={min_images} "
+            f"images, too few to learn them: {', '.join(rare)}; tag more images of them or merge them into other "
+            "classes"
+        )
+    return out
 
 
 def tag_labels(tags: dict[str, list[str]], classes: list[str], path: str | Path) -> dict[str, np.ndarray]:

@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 from wsss.config import DataConfig
 from wsss.data.classes import load_classes
 from wsss.data.labels import check_mask_values, load_labels, under_root
+from wsss.data.paths import UnsafePathError, confined, line_of, safe_relative
 from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels
 from wsss.data.transforms import TrainAugment, normalize
 from wsss.utils.fileio import IMAGE_EXTENSIONS, read_image, read_mask
@@ -72,6 +73,45 @@ def find_image(root: Path, image_id: str, image_dir: str) -> Path | None:
     return None
 
 
+def confined_ids(ids: list[str], source: Path, base: Path) -> list[str]:
+    """``ids`` (listed in ``source``) as clean relative paths (:func:`wsss.data.paths.safe_relative`).
+
+    Raises:
+        UnsafePathError: Some id is absolute, empty or climbs with ``..``; the message names the file and line of
+            the first few.
+    """
+    unsafe = [i for i in ids if safe_relative(i) is None]
+    if unsafe:
+        where = ", ".join(f"{source}:{line_of(source, i) or '?'} {i!r}" for i in unsafe[:3])
+        raise UnsafePathError(
+            f"{len(unsafe)} id(s) absolute, empty or climbing with '..' ({where}); an id is a path relative to "
+            f"{base}: fix or remove those lines"
+        )
+    return [safe_relative(i) for i in ids]
+
+
+def image_file(root: Path, image_id: str, cfg: DataConfig) -> Path | None:
+    """The image of a clean ``image_id`` (see :func:`confined_ids`) under ``root/cfg.image_dir``, None if there is
+    none.
+
+    Raises:
+        UnsafePathError: It resolves outside ``root`` and ``cfg.follow_symlinks`` does not allow it.
+    """
+    path = find_image(root, image_id, cfg.image_dir)
+    return None if path is None else confined(path, root, cfg.follow_symlinks, "data.follow_symlinks=True")
+
+
+def mask_file(root: Path, image_id: str, cfg: DataConfig) -> Path:
+    """``root/cfg.mask_dir/<image_id without its image extension>.png`` (it may not exist).
+
+    Raises:
+        UnsafePathError: It resolves outside ``root`` and ``cfg.follow_symlinks`` does not allow it.
+    """
+    suffix = Path(image_id).suffix
+    stem = image_id[: -len(suffix)] if suffix.lower() in IMAGE_EXTENSIONS else image_id
+    return confined(root / cfg.mask_dir / f"{stem}.png", root, cfg.follow_symlinks, "data.follow_symlinks=True")
+
+
 def resolve_root(root: str | Path, image_dir: str = "JPEGImages") -> Path:
     """Check the dataset root and its image folder exist."""
     root = Path(root)
@@ -98,7 +138,12 @@ class _VOCBase(Dataset):
     def __init__(self, cfg: DataConfig, split: str):
         self.cfg = cfg
         self.root = resolve_root(cfg.root, cfg.image_dir)
-        self.tags = read_tags(self._resolve(cfg.label_file)) if cfg.layout == "tags" else None
+        self.tags = None
+        if cfg.layout == "tags":
+            tags_file = self._resolve(cfg.label_file)
+            tags = read_tags(tags_file)
+            ids = confined_ids(list(tags), tags_file, self.root / cfg.image_dir)
+            self.tags = dict(zip(ids, tags.values(), strict=True))
         if cfg.classes is None and self.tags is not None:
             self.classes = tag_classes(self.tags)
         else:
@@ -113,8 +158,8 @@ class _VOCBase(Dataset):
                 )
         else:
             self.split_file = resolve_split(self.root, split)
-            self.ids = read_split(self.split_file)
-        self._images = {i: self._find_image(i) for i in self.ids}
+            self.ids = confined_ids(read_split(self.split_file), self.split_file, self.root / cfg.image_dir)
+        self._images = {i: image_file(self.root, i, cfg) for i in self.ids}
         missing = [i for i, path in self._images.items() if path is None]
         if missing:
             raise FileNotFoundError(
@@ -125,16 +170,11 @@ class _VOCBase(Dataset):
     def _resolve(self, name: str) -> Path:
         return under_root(self.root, name)
 
-    def _find_image(self, image_id: str) -> Path | None:
-        return find_image(self.root, image_id, self.cfg.image_dir)
-
     def image_path(self, image_id: str) -> Path:
         return self._images[image_id]
 
     def mask_path(self, image_id: str) -> Path:
-        suffix = Path(image_id).suffix
-        stem = image_id[: -len(suffix)] if suffix.lower() in IMAGE_EXTENSIONS else image_id
-        return self.root / self.cfg.mask_dir / f"{stem}.png"
+        return mask_file(self.root, image_id, self.cfg)
 
     def require_masks(self) -> None:
         """Raise FileNotFoundError naming the split, the folder and the fix unless every id has a mask."""
@@ -160,7 +200,10 @@ class _VOCBase(Dataset):
     def load_image_labels(self) -> dict[str, np.ndarray]:
         """Image-level labels: from the tags file, or from the label file of tools/make_cls_labels.py."""
         path = self._resolve(self.cfg.label_file)
-        labels = tag_labels(self.tags, self.classes, path) if self.tags is not None else load_labels(path, self.classes)
+        if self.tags is not None:
+            labels = tag_labels(self.tags, self.classes, path)
+        else:
+            labels = {safe_relative(k) or k: v for k, v in load_labels(path, self.classes).items()}
         unlabelled = [i for i in self.ids if i not in labels]
         if unlabelled:
             raise ValueError(
@@ -185,8 +228,9 @@ class VOCClsDataset(_VOCBase):
     resumed run sees exactly the crops an uninterrupted one would.
 
     An image that fails to decode is skipped with a warning on stderr naming it: the next readable image of
-    the split takes its place (the same one every time). More than ``cfg.max_bad_images`` unreadable images
-    in one process raise ValueError.
+    the split takes its place (the same one every time), and its item's ``skipped`` holds the warning (``""``
+    for none), so that a loader worker's warning reaches the training log. More than ``cfg.max_bad_images``
+    unreadable images in one process raise ValueError.
     """
 
     def __init__(
@@ -210,7 +254,7 @@ class VOCClsDataset(_VOCBase):
         self.bad: set[Path] = set()
 
     def __getitem__(self, index: int) -> dict:
-        image_id, image = self._readable(index)
+        image_id, image, skipped = self._readable(index)
         mask = self.load_mask(image_id, image.shape[:2]) if self.with_mask else None
         seed = zlib.crc32(f"{self.seed}:{self.epoch}:{index}".encode())
         sample = self.augment(image, mask, seed)
@@ -219,23 +263,27 @@ class VOCClsDataset(_VOCBase):
             "image": torch.from_numpy(sample.image).permute(2, 0, 1).contiguous(),
             "label": torch.from_numpy(self.labels[image_id].astype(np.float32)),
             "box": torch.from_numpy(sample.box),
+            "skipped": skipped,
         }
         if self.with_mask:
             item["mask"] = torch.from_numpy(sample.mask.astype(np.int64))
         return item
 
-    def _readable(self, index: int) -> tuple[str, np.ndarray]:
-        """The id and decoded image at ``index``, or at the next index whose image decodes."""
+    def _readable(self, index: int) -> tuple[str, np.ndarray, str]:
+        """The id and decoded image at ``index``, or at the next index whose image decodes, and the warnings
+        about the images passed over, one per line."""
+        warnings = []
         for step in range(len(self.ids)):
             image_id = self.ids[(index + step) % len(self.ids)]
             path = self.image_path(image_id)
             if path in self.bad:
                 continue
             try:
-                return image_id, read_image(path)
+                return image_id, read_image(path, self.cfg.max_image_pixels), "\n".join(warnings)
             except ValueError as err:
                 self.bad.add(path)
-                print(f"warning: skipping training image {err}", file=sys.stderr)
+                warnings.append(f"warning: skipping training image {err}")
+                print(warnings[-1], file=sys.stderr)
                 if len(self.bad) > self.cfg.max_bad_images:
                     raise ValueError(
                         f"{len(self.bad)} training images could not be read (more than data.max_bad_images = "
@@ -258,7 +306,7 @@ class VOCSegDataset(_VOCBase):
 
     def __getitem__(self, index: int) -> dict:
         image_id = self.ids[index]
-        raw = read_image(self.image_path(image_id))
+        raw = read_image(self.image_path(image_id), self.cfg.max_image_pixels)
         mask = self.load_mask(image_id, raw.shape[:2])
         return {
             "id": image_id,
@@ -282,7 +330,7 @@ class TaggedValDataset(_VOCBase):
 
     def __getitem__(self, index: int) -> dict:
         image_id = self.ids[index]
-        raw = read_image(self.image_path(image_id))
+        raw = read_image(self.image_path(image_id), self.cfg.max_image_pixels)
         return {
             "id": image_id,
             "image": normalize(raw, self.mean, self.std),

@@ -3,16 +3,22 @@
 Checkpoints are written atomically and read with ``torch.load(weights_only=True)``: they hold only
 tensors and plain Python containers, never pickled code. A model is rebuilt from a checkpoint alone.
 
-Integrity: weights with a NaN or infinite value are never saved (:class:`NonFiniteWeightsError`). Beside
-each checkpoint ``<name>.sha256`` holds the SHA-256 of its bytes, written before the checkpoint itself;
-:func:`load_checkpoint` refuses a file that does not match it (a bit flip, a truncated copy), and
-:func:`load_resume_checkpoint` then falls back to the next newest valid checkpoint of the work dir.
+Integrity: weights or optimiser state with a NaN or infinite value are never saved (:class:`NonFiniteWeightsError`)
+nor resumed from (:func:`check_resumable`). Beside each checkpoint ``<name>.sha256`` holds the SHA-256 of its
+bytes, written before the checkpoint itself; :func:`load_checkpoint` refuses a file that does not match it (a bit
+flip, a truncated copy), and :func:`load_resume_checkpoint` then falls back to the next newest valid checkpoint of
+the work dir.
+
+A checkpoint is data: before a model is rebuilt from one (:func:`model_from_checkpoint`), its config is read with
+the project's own key and type checks (no path reaches timm) and the sizes it states are compared with the stored
+weights (:func:`checked_model_config`), so a crafted file opens nothing and allocates no larger model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import pickle
 import random
 import re
 import subprocess
@@ -98,6 +104,21 @@ def to_host(obj: Any) -> Any:
     return obj
 
 
+def non_finite_tensors(obj: Any, prefix: str = "") -> list[str]:
+    """The dotted names of the floating-point tensors in ``obj`` (nested dicts, lists, tuples) holding a NaN or inf."""
+    if isinstance(obj, torch.Tensor):
+        return [prefix] if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else []
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return []
+    return [
+        name for key, value in items for name in non_finite_tensors(value, f"{prefix}.{key}" if prefix else str(key))
+    ]
+
+
 def save_checkpoint(
     path: str | Path,
     model: torch.nn.Module,
@@ -125,16 +146,21 @@ def save_checkpoint(
         rng: Every rank's :func:`rng_state`, rank order (default: this process's alone).
 
     Raises:
-        NonFiniteWeightsError: A weight is NaN or infinite; no file is written or changed.
+        NonFiniteWeightsError: A weight or an optimiser state tensor is NaN or infinite; no file is written or
+            changed.
     """
     path = Path(path)
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-    if bad:
-        raise NonFiniteWeightsError(
-            f"not saving {path}: {len(bad)} weight tensor(s) hold NaN or inf (first: {bad[0]}); the previous "
-            "checkpoint is kept. Lower optim.lr or check the data."
-        )
+    optimizer_state = to_host(optimizer.state_dict()) if optimizer is not None else None
+    for what, bad in (
+        ("weight tensor(s)", non_finite_tensors(weights)),
+        ("optimiser state tensor(s) (AdamW moments)", non_finite_tensors(optimizer_state, "optimizer")),
+    ):
+        if bad:
+            raise NonFiniteWeightsError(
+                f"not saving {path}: {len(bad)} {what} hold NaN or inf (first: {bad[0]}); the previous "
+                "checkpoint is kept. Lower optim.lr or check the data."
+            )
     payload = {
         "model": weights,
         "config": to_dict(cfg),
@@ -145,8 +171,8 @@ def save_checkpoint(
         "git_commit": git_commit(),
         "rng": rng if rng is not None else [rng_state()],
     }
-    if optimizer is not None:
-        payload["optimizer"] = to_host(optimizer.state_dict())
+    if optimizer_state is not None:
+        payload["optimizer"] = optimizer_state
     if scheduler is not None:
         payload["scheduler"] = scheduler.state_dict()
     buf = io.BytesIO()
@@ -160,14 +186,25 @@ def save_checkpoint(
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint safely (``weights_only=True``), checking it against its ``.sha256`` file if present.
 
+    A ``tools/export.py --safetensors`` export is refused here (it holds no training state); the tools that need
+    only the model read it with :func:`wsss.inference.predictor.read_model_file`.
+
     Raises:
         FileNotFoundError: The file is missing.
         ValueError: The file does not match its checksum, is not a wsss checkpoint (e.g. a bare timm
-            state_dict), or holds a config this version cannot read.
+            state_dict, a pickled module, a safetensors export), or holds a config this version cannot read.
+            One line naming the file; torch's own message (which suggests loading the file unsafely) is never
+            passed on.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        raise ValueError(
+            f"{path}: a .safetensors export (weights, config and classes, no training state), not a wsss "
+            "checkpoint (.pth written by tools/train.py); tools/infer.py, tools/test.py and tools/export.py read "
+            "exports, training and the other tools need the .pth"
+        )
     data = path.read_bytes()
     expected = checksum_path(path).read_text().strip() if checksum_path(path).is_file() else None
     if expected is not None and hashlib.sha256(data).hexdigest() != expected:
@@ -176,8 +213,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         )
     try:
         ckpt = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-    except Exception as err:  # torch raises several types for corrupt or unsafe files
-        raise ValueError(f"{path}: cannot be read as a checkpoint ({err})") from None
+    except pickle.UnpicklingError:  # its message advises weights_only=False: never shown
+        raise ValueError(
+            f"{path}: cannot be read as a checkpoint: not a wsss checkpoint (.pth written by tools/train.py); it "
+            "holds more than tensors and plain containers, or is no torch file, and wsss loads nothing else (it "
+            "could run code)"
+        ) from None
+    except Exception as err:  # torch raises several types for empty, truncated or foreign files
+        raise ValueError(
+            f"{path}: cannot be read as a checkpoint: not a wsss checkpoint (.pth written by tools/train.py); "
+            f"empty, truncated or another format ({type(err).__name__})"
+        ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise ValueError(
             f"{path}: not a wsss checkpoint (no model/config). Backbone weights (timm state_dicts) go in "
@@ -209,8 +255,8 @@ def load_resume_checkpoint(
 ) -> tuple[Path, dict[str, Any]] | None:
     """The newest valid checkpoint of a work dir and its contents, or None if it has none.
 
-    A missing, truncated or corrupt newest checkpoint is skipped with a warning on stderr naming it, and the
-    next newest is tried (:func:`checkpoints_newest_first`).
+    A missing, truncated or corrupt newest checkpoint, or one that cannot train on (:func:`check_resumable`), is
+    skipped with a warning on stderr naming it, and the next newest is tried (:func:`checkpoints_newest_first`).
 
     Raises:
         ValueError: The work dir holds checkpoints but none of them is valid.
@@ -218,7 +264,7 @@ def load_resume_checkpoint(
     candidates = checkpoints_newest_first(work_dir)
     for path in candidates:
         try:
-            return path, load_checkpoint(path, map_location)
+            return path, check_resumable(load_checkpoint(path, map_location), path)
         except (FileNotFoundError, ValueError) as err:
             print(f"warning: not resuming from {path}: {err}; trying the previous checkpoint", file=sys.stderr)
     if candidates:
@@ -227,6 +273,23 @@ def load_resume_checkpoint(
             "--resume PATH to a good one, or --overwrite to start from scratch"
         )
     return None
+
+
+def check_resumable(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """``ckpt`` itself, once every tensor of its weights and optimiser state is finite (a run resumed from a NaN or
+    inf AdamW moment cannot train; such files were written before :func:`save_checkpoint` refused them).
+
+    Raises:
+        ValueError: A non-finite tensor; the message names ``path`` and the first such tensor.
+    """
+    bad = non_finite_tensors(ckpt["model"], "model") + non_finite_tensors(ckpt.get("optimizer"), "optimizer")
+    if bad:
+        part = "optimiser state" if bad[0].startswith("optimizer") else "weights"
+        raise ValueError(
+            f"{path}: its {part} hold NaN or inf ({len(bad)} tensor(s), first: {bad[0]}); a run cannot resume "
+            "from it: resume from an earlier checkpoint (--resume PATH) or lower optim.lr and start again"
+        )
+    return ckpt
 
 
 def config_from_checkpoint(ckpt: dict[str, Any]) -> Config:
@@ -255,6 +318,9 @@ def model_from_checkpoint(
 ):
     """Rebuild the model from a checkpoint alone (a path, or what :func:`load_checkpoint` returned), in eval mode.
 
+    A checkpoint is data: its config is checked before anything is built (:func:`checked_model_config`), so a
+    crafted one opens no file and allocates no model other than the one its stored weights describe.
+
     Args:
         checkpoint: A path, or a loaded checkpoint.
         device: Where the model goes.
@@ -268,11 +334,100 @@ def model_from_checkpoint(
     """
     source = source or (checkpoint if not isinstance(checkpoint, dict) else "checkpoint")
     ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-    cfg = config_from_checkpoint(ckpt)
-    cfg.model.pretrained = ""  # the checkpoint holds every weight
-    try:
-        model = build_model(cfg.model, num_classes=len(ckpt["classes"]))
-    except (KeyError, TypeError, RuntimeError) as err:
-        raise ValueError(f"{source}: its config does not build a model ({type(err).__name__}: {err})") from None
+    cfg = checked_model_config(ckpt, source)
+    model = build_model(cfg.model, num_classes=len(ckpt["classes"]))
     load_weights(model, ckpt["model"], source)
     return model.to(device).eval(), ckpt
+
+
+def checked_model_config(ckpt: dict[str, Any], source: str | Path) -> Config:
+    """The config of a loaded checkpoint, once it is known to build exactly the model its weights describe, with
+    ``model.pretrained`` cleared (the checkpoint holds every weight). Nothing is built for real: the stated sizes
+    are compared with the stored ones first (:func:`check_weights_fit_config`), then every key and shape with a
+    model built on the meta device (no memory).
+
+    Raises:
+        ValueError: The config does not fit this version, or does not build a model its weights fit; one line
+            naming ``source``.
+    """
+    try:
+        cfg = config_from_checkpoint(ckpt)
+    except ConfigError as err:
+        raise ValueError(f"{source}: its config does not fit this version of wsss ({err})") from None
+    cfg.model.pretrained = ""
+    check_weights_fit_config(ckpt, cfg, source)
+    try:
+        with torch.device("meta"):
+            skeleton = build_model(cfg.model, num_classes=len(ckpt["classes"]))
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AssertionError) as err:  # timm asserts too
+        raise ValueError(f"{source}: its config does not build a model ({type(err).__name__}: {err})") from None
+    _compare_shapes(skeleton, ckpt["model"], source)
+    return cfg
+
+
+_BLOCK = re.compile(r"backbone\.vit\.blocks\.(\d+)\.")
+_PATCH_EMBED = "backbone.vit.patch_embed.proj.weight"
+_CLASSIFIER = "decoder.cls.weight"
+
+
+def check_weights_fit_config(ckpt: dict[str, Any], cfg: Config, source: str | Path) -> None:
+    """Compare the sizes a checkpoint's config states with its stored weights, before any model is built.
+
+    The backbone's ``embed_dim``, ``depth`` and ``patch_size`` (where ``model.backbone_kwargs`` gives them) and the
+    number of classes must be those of the stored tensors, so a rebuilt model is never larger than the weights
+    the file holds; what the stored sizes do not state directly is compared on a model built on the meta device
+    (:func:`checked_model_config`). The keys and types ``backbone_kwargs`` may hold at all (plain values, never
+    a path) are those of :data:`wsss.config.BACKBONE_KWARGS`, checked when the config is read.
+
+    Raises:
+        ValueError: A stated size differs from the stored one, or ``model`` is not a wsss state_dict; one line
+            naming ``source``.
+    """
+    weights = ckpt["model"]
+    if not isinstance(weights, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
+        raise ValueError(f"{source}: its 'model' is not a state_dict (parameter name -> tensor); not a wsss checkpoint")
+    classes = ckpt.get("classes")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise ValueError(f"{source}: its 'classes' is not a list of class names; not a wsss checkpoint")
+    patch_embed, classifier = weights.get(_PATCH_EMBED), weights.get(_CLASSIFIER)
+    if patch_embed is None or patch_embed.dim() != 4 or classifier is None or classifier.dim() != 4:
+        raise ValueError(
+            f"{source}: its weights lack the ViT patch embedding or the decoder classifier ({_PATCH_EMBED}, "
+            f"{_CLASSIFIER}); not a wsss checkpoint"
+        )
+    stored = {
+        "embed_dim": patch_embed.shape[0],
+        "depth": len({int(m.group(1)) for k in weights if (m := _BLOCK.match(k))}),
+        "patch_size": patch_embed.shape[-1] if patch_embed.shape[-1] == patch_embed.shape[-2] else None,
+    }
+    stated = cfg.model.backbone_kwargs
+    differ = [
+        f"model.backbone_kwargs.{key}={stated[key]!r} but its weights have {value}"
+        for key, value in stored.items()
+        if key in stated and stated[key] != value
+    ]
+    if len(classes) != classifier.shape[0]:
+        differ.append(f"{len(classes)} classes but its weights predict {classifier.shape[0]}")
+    if differ:
+        raise ValueError(
+            f"{source}: its config states {'; '.join(differ)}; nothing was built (the file was edited or damaged)"
+        )
+
+
+def _compare_shapes(skeleton: torch.nn.Module, weights: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Refuse ``weights`` unless they have exactly the keys and shapes of ``skeleton`` (a meta-device model)."""
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    stored = {k: tuple(v.shape) for k, v in weights.items()}
+    problems = [f"missing {k}" for k in expected if k not in stored]
+    problems += [f"unexpected {k}" for k in stored if k not in expected]
+    problems += [
+        f"{k} stored {stored[k]}, built {shape}" for k, shape in expected.items() if k in stored and stored[k] != shape
+    ]
+    if problems:
+        more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise ValueError(
+            f"{source}: its weights do not fit the model its config builds ({'; '.join(problems[:3])}{more}); "
+            "nothing was built; was the file edited or made by another wsss version?"
+        )

@@ -3,7 +3,9 @@ iteration, TensorBoard events; the start summary and the chance-level warning.
 
 Work dir contents written here::
 
-    log.txt          everything printed (start summary, losses, validation tables, warnings), appended per run
+    log.txt          everything printed (start summary, losses, validation tables, warnings, skipped images),
+                     appended by each resumed run; a fresh start moves the earlier run's log.txt, scalars.jsonl
+                     and tb/ to earlier_runs/<time>/ (wsss.engine.workdir)
     scalars.jsonl    {"step": N, "loss/cls": ..., "lr/backbone": ..., "lr/heads": ..., "val/seg_mIoU": ...}
     tb/              TensorBoard events: the same scalars, per-class IoU, labelled validation pictures
 """
@@ -25,13 +27,16 @@ from wsss.utils.fileio import atomic_write_text
 
 LOG_FILE = "log.txt"
 SCALARS_FILE = "scalars.jsonl"
+TB_DIR = "tb"
 
 
 class RunLogger:
     """Writes the work dir's log, scalars and TensorBoard events (rank 0 only; other ranks get a silent one).
 
     Scalars given for one step are gathered into one JSON object, written when the step is flushed. On resume,
-    lines of steps after ``start`` (left by the interrupted run) are dropped, so the file reads as one run.
+    what the interrupted run logged after ``start`` is dropped, so both read as one run: the lines of later steps
+    from scalars.jsonl, and from TensorBoard the events of later steps (purged from ``start + 1`` on; the
+    events at ``start`` itself, e.g. the validation saved with the checkpoint, stay, as they do in scalars.jsonl).
 
     Args:
         work: The work dir.
@@ -50,7 +55,7 @@ class RunLogger:
         _drop_lines_after(self.scalars_path, start)
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(work / "tb"), purge_step=start or None)  # hides an abandoned run's tail
+        self.writer = SummaryWriter(str(work / TB_DIR), purge_step=start + 1)
         self.text(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} run starts at iteration {start}")
 
     def text(self, message: str, echo: bool = True) -> None:

@@ -5,11 +5,12 @@ kernel for all parameters, CPU and CUDA), because the fused implementation honou
 on the device, as ``torch.amp.GradScaler`` uses it: a step whose flag is set changes nothing (weights, moments
 and step count stay as they were), and no Python code has to look at the flag first.
 
-:class:`NonFiniteGuard` sets that flag from the step's loss and gradients on the device and keeps it set once
+:class:`NonFiniteGuard` sets that flag from the step's loss and gradients, and after the update from the
+optimiser state (AdamW's moments: a finite gradient whose square overflows), on the device, and keeps it set once
 a non-finite value has been seen, so every later update of the run is skipped too. The loop reads the guard
 with :meth:`NonFiniteGuard.raise_if_tripped` where it synchronises anyway (log interval, validation,
-checkpoint): the run then stops with the weights of the last good step, and the checkpoint written before
-stays the last good one.
+checkpoint): the run then stops with the weights of the last good step (after a non-finite optimiser state, of
+the step that produced it), and the checkpoint written before stays the last good one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from wsss.models.segmentor import WSSSModel
 
 
 class NonFiniteLossError(FloatingPointError):
-    """A loss or a gradient became NaN or infinite; the updates from that step on were skipped."""
+    """A loss, a gradient or the optimiser state became NaN or infinite; the updates from then on were skipped."""
 
 
 def build_optimizer(model: WSSSModel, cfg: OptimConfig) -> torch.optim.AdamW:
@@ -46,14 +47,19 @@ class NonFiniteGuard:
         """1.0 from the first non-finite step on, 0.0 before (the optimiser's ``found_inf``)."""
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
         """Index of the first non-finite step, -1 while there is none."""
+        self.state_step = torch.full((), -1, dtype=torch.long, device=device)
+        """Index of the step whose update first made the optimiser state NaN/inf, -1 while there is none."""
         self._one = torch.ones((), device=device)
+        self._it = -1
         optimizer.found_inf = self.found
+        optimizer.register_step_post_hook(self._check_state)
 
     def update(self, loss: Tensor, it: int) -> None:
         """Check ``loss`` and the gradients of step ``it`` (after ``backward``, before ``optimizer.step``).
 
         Every rank takes the same decision (the flags are averaged over ranks), so the replicas stay equal.
         """
+        self._it = it
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         found = torch.zeros_like(self.found)
         # GradScaler's check: sets ``found`` where a gradient holds a NaN/inf (multiplying by 1 changes nothing)
@@ -63,15 +69,39 @@ class NonFiniteGuard:
         self.first_step.copy_(torch.where((found > 0) & (self.found == 0), it, self.first_step))
         self.found.copy_(torch.maximum(self.found, found))
 
+    def _check_state(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        """After every update (an optimiser step post-hook): a finite gradient whose square overflows leaves AdamW's
+        ``exp_avg_sq`` infinite while the weights stay finite, and a run resumed from it cannot train. Such a state
+        trips the guard as a non-finite loss does, on the device: the later updates are skipped, and no checkpoint
+        is written with it. The moments are equal on every rank (their gradients were averaged), so all decide
+        alike."""
+        moments = [
+            v
+            for state in optimizer.state.values()
+            for key, v in state.items()
+            if key != "step" and torch.is_tensor(v) and v.is_floating_point()
+        ]
+        if not moments:
+            return
+        found = torch.zeros_like(self.found)
+        torch._amp_foreach_non_finite_check_and_unscale_(moments, found, self._one)
+        self.state_step.copy_(torch.where((found > 0) & (self.found == 0), self._it, self.state_step))
+        self.found.copy_(torch.maximum(self.found, found))
+
     def raise_if_tripped(self, last_good: object) -> None:
         """Raise :class:`NonFiniteLossError` if any step so far was non-finite (reads the device once).
 
         Args:
             last_good: What to name as the last good checkpoint in the message (None: none yet).
         """
-        first = int(self.first_step)
-        if first >= 0:
+        first, state = torch.stack([self.first_step, self.state_step]).tolist()
+        where = (
+            f"non-finite loss or gradient at iteration {first}; that update and all later ones were skipped"
+            if first >= 0
+            else f"non-finite optimiser state (AdamW moments) after the update of iteration {state}; all later "
+            "updates were skipped"
+        )
+        if first >= 0 or state >= 0:
             raise NonFiniteLossError(
-                f"non-finite loss or gradient at iteration {first}; that update and all later ones were skipped. "
-                f"Last good checkpoint: {last_good or 'none yet'}. Lower optim.lr or check the data."
+                f"{where}. Last good checkpoint: {last_good or 'none yet'}. Lower optim.lr or check the data."
             )

@@ -10,13 +10,14 @@ those of an uninterrupted run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from wsss.config import Config, to_dict
-from wsss.engine.checkpoint import load_checkpoint, load_resume_checkpoint, load_weights
+from wsss.engine.checkpoint import check_resumable, load_checkpoint, load_resume_checkpoint, load_weights
 from wsss.engine.schedule import PolyWarmupScheduler
 
 SCHEDULE_SECTIONS = ("optim", "train")
@@ -29,11 +30,16 @@ def find_checkpoint(
     work_dir: Path, resume: str | Path | bool | None, map_location: str | torch.device = "cpu"
 ) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to resume from and its contents: ``resume`` itself when a path, the work dir's newest
-    valid one when True (:func:`wsss.engine.checkpoint.load_resume_checkpoint`), None for a fresh start."""
+    valid one when True (:func:`wsss.engine.checkpoint.load_resume_checkpoint`), None for a fresh start.
+
+    Raises:
+        ValueError: The checkpoint cannot be read, or holds a NaN or inf
+            (:func:`~wsss.engine.checkpoint.check_resumable`).
+    """
     if resume is True:
         return load_resume_checkpoint(work_dir, map_location)
     if resume:
-        return Path(resume), load_checkpoint(resume, map_location)
+        return Path(resume), check_resumable(load_checkpoint(resume, map_location), resume)
     return None
 
 
@@ -43,6 +49,7 @@ def restore_training_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: PolyWarmupScheduler,
+    classes: Sequence[str],
 ) -> int:
     """Load a checkpoint's weights and optimiser moments, and put the scheduler (built from the current
     config) at the checkpoint's iteration; returns that iteration.
@@ -50,9 +57,24 @@ def restore_training_state(
     The optimiser groups keep the hyperparameters they were built with from the config (base lr, betas,
     weight decay); only the per-parameter state (AdamW moments, step counts) comes from the checkpoint.
 
+    Args:
+        ckpt: What :func:`find_checkpoint` loaded.
+        source: The checkpoint's path (named in errors).
+        model: The model built from the current config.
+        optimizer: Its optimiser.
+        scheduler: Its scheduler, built from the current config.
+        classes: The class names of the current data, background first; the checkpoint's must be the same.
+
     Raises:
-        ValueError: The weights or the optimiser state do not fit the model (the message names ``source``).
+        ValueError: The checkpoint was trained on other classes (both lists named), or its weights or its
+            optimiser state do not fit the model (the message names ``source``).
     """
+    if list(ckpt["classes"]) != list(classes):
+        raise ValueError(
+            f"{source}: trained on {len(ckpt['classes'])} classes {list(ckpt['classes'])}, but the config's data "
+            f"has {len(classes)} classes {list(classes)}; resume with the data (data.classes) it was trained on, "
+            "or start a new run (another --work-dir, or --overwrite)"
+        )
     load_weights(model, ckpt["model"], source)
     configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:

@@ -11,7 +11,7 @@ import math
 import re
 from pathlib import Path
 
-from wsss.engine.checkpoint import LAST_CHECKPOINT
+from wsss.engine.checkpoint import CHECKSUM_SUFFIX, LAST_CHECKPOINT, checksum_path
 from wsss.utils.fileio import atomic_write_text
 
 BEST_FILE = "best_checkpoint.json"
@@ -53,12 +53,12 @@ class CheckpointKeeper:
             atomic_write_text(self.work / BEST_FILE, json.dumps(self.best, indent=2) + "\n")
 
     def prune(self) -> list[Path]:
-        """Delete the ``iter_*.pth`` that are neither among the newest ``max_keep``, the best, nor the last one."""
+        """Delete the ``iter_*.pth`` that are neither among the newest ``max_keep``, the best, nor the last one,
+        each with its ``.sha256``, and every ``iter_*.pth.sha256`` whose checkpoint is gone; returns the deleted
+        checkpoints."""
         if self.max_keep < 0 or not self.writes:
             return []
-        found = sorted(
-            (int(m.group(1)), p) for p in self.work.glob("iter_*.pth") if (m := _ITER.fullmatch(p.name))
-        )
+        found = sorted((int(m.group(1)), p) for p in self.work.glob("iter_*.pth") if (m := _ITER.fullmatch(p.name)))
         keep = {p.name for _, p in found[max(0, len(found) - self.max_keep) :]}
         if self.best is not None:
             keep.add(self.best["checkpoint"])
@@ -68,4 +68,9 @@ class CheckpointKeeper:
         removed = [p for _, p in found if p.name not in keep]
         for path in removed:
             path.unlink(missing_ok=True)
+            checksum_path(path).unlink(missing_ok=True)
+        for orphan in self.work.glob(f"iter_*.pth{CHECKSUM_SUFFIX}"):
+            checkpoint = orphan.with_name(orphan.name.removesuffix(CHECKSUM_SUFFIX))
+            if _ITER.fullmatch(checkpoint.name) and not checkpoint.exists():
+                orphan.unlink(missing_ok=True)
         return removed

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from wsss.config import Config, dump_config
 from wsss.data.check import check_dataset
+from wsss.data.tags import tag_warnings
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import TaggedValDataset, VOCClsDataset, VOCSegDataset, val_dataset
 from wsss.engine.checkpoint import rng_state, save_checkpoint, set_rng_state
@@ -44,7 +45,7 @@ from wsss.engine.retention import CheckpointKeeper
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
 from wsss.engine.validate import ValResult, validate
-from wsss.engine.workdir import claim_work_dir
+from wsss.engine.workdir import claim_work_dir, start_afresh
 from wsss.evaluation.metrics import format_table
 from wsss.models import WSSSModel, build_model
 from wsss.utils.lifetime import die_with_parent
@@ -89,17 +90,9 @@ class LossMeter:
         return dict(zip(keys, means, strict=True))
 
 
-def batches(
-    loader: DataLoader, sampler: ResumableSampler, dataset: VOCClsDataset, start: int
-) -> Iterator[dict]:
+def batches(loader: DataLoader, sampler: ResumableSampler, dataset: VOCClsDataset, start: int) -> Iterator[dict]:
     """Endless batches from iteration ``start`` on; the epoch and offset follow from the iteration."""
-    per_epoch = sampler.num_samples // loader.batch_size
-    if per_epoch == 0:
-        raise ValueError(
-            f"the training split has {len(dataset)} images, fewer than one batch of {loader.batch_size} per "
-            "process; lower train.batch_size"
-        )
-    epoch, offset = divmod(start, per_epoch)
+    epoch, offset = divmod(start, sampler.num_samples // loader.batch_size)
     while True:
         dataset.epoch = epoch
         sampler.set_epoch(epoch, start=offset * loader.batch_size)
@@ -111,8 +104,18 @@ def training_batches(
     train_set: VOCClsDataset, cfg: Config, start: int, device: torch.device, world_size: int, rank: int
 ) -> Iterator[dict]:
     """This rank's endless training batches from iteration ``start`` on (:func:`batches`); ``cfg.train.batch_size``
-    per batch, ``cfg.data.num_workers`` loader workers that die with this process."""
+    per batch, ``cfg.data.num_workers`` loader workers that die with this process.
+
+    Raises:
+        ValueError: This rank's share of the split holds fewer images than one batch (raised at once, before
+            any image is read).
+    """
     sampler = ResumableSampler(train_set, world_size, rank, seed=cfg.train.seed)
+    if sampler.num_samples < cfg.train.batch_size:
+        raise ValueError(
+            f"the training split has {len(train_set)} images, fewer than one batch of {cfg.train.batch_size} per "
+            "process; lower train.batch_size"
+        )
     loader = DataLoader(
         train_set,
         batch_size=cfg.train.batch_size,
@@ -170,7 +173,8 @@ def train(
             ``cfg.work_dir``, else ``work_dirs/run``).
         resume: A checkpoint path, or True for the work dir's newest valid checkpoint (a fresh start if none).
         device: ``cuda`` or ``cpu`` (default: CUDA when available).
-        overwrite: Start from scratch even if the work dir holds checkpoints (they are deleted).
+        overwrite: Start from scratch even if the work dir holds checkpoints (they are deleted, once the data, the
+            model and the optimiser are ready; :func:`wsss.engine.workdir.start_afresh`).
 
     Raises:
         WorkDirError: Another run holds the work dir, or it holds checkpoints and neither ``resume`` nor
@@ -180,12 +184,12 @@ def train(
     """
     work = Path(work_dir or cfg.work_dir or "work_dirs/run")
     if int(os.environ.get("RANK", "0")) != 0:  # rank 0 alone writes the work dir
-        return _train(cfg, work, resume, device)
+        return _train(cfg, work, resume, device, overwrite)
     with claim_work_dir(work, resume, overwrite):
-        return _train(cfg, work, resume, device)
+        return _train(cfg, work, resume, device, overwrite)
 
 
-def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | None) -> TrainResult:
+def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | None, overwrite: bool) -> TrainResult:
     dist_info = init_distributed(device)
     cfg = dataclasses.replace(cfg, work_dir=str(work))
     torch.manual_seed(cfg.train.seed + dist_info.rank)
@@ -209,16 +213,24 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     start, ckpt_path, changes = 0, None, []
     if found is not None:  # weights and moments from the checkpoint, the schedule from cfg (wsss/engine/resume.py)
         ckpt_path, ckpt = found
-        start = restore_training_state(ckpt, ckpt_path, raw_model, optimizer, scheduler)
+        start = restore_training_state(ckpt, ckpt_path, raw_model, optimizer, scheduler, classes)
         _restore_rng(ckpt["rng"], dist_info, cfg.train.seed + start)
         changes = config_changes(ckpt["config"], cfg)
+    data = training_batches(train_set, cfg, start, dist_info.device, dist_info.world_size, dist_info.rank)
+    # everything that can fail before the first step has run: only now is the earlier run cleared
+    cleared = start_afresh(work, overwrite) if dist_info.is_main and not resume else []
     if dist_info.is_main:
         work.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, work / "config.py")
     log = RunLogger(work, start, enabled=dist_info.is_main)
+    for note in cleared:
+        log.text(note)
     sizes = {cfg.data.train_split: len(train_set), cfg.data.val_split: len(val_set)}
     log.text(start_summary(cfg, dist_info.device, dist_info.world_size, sizes, classes, train_set.label_path,
                            raw_model))  # fmt: skip
+    if train_set.tags is not None:
+        for warning in tag_warnings(train_set.tags, classes, cfg.data.min_class_images, train_set.label_path):
+            log.text(warning)
     if ckpt_path is not None:
         log.text(f"resuming from {ckpt_path} at iteration {start}")
     if changes:
@@ -234,15 +246,24 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     meter = LossMeter()
     result = TrainResult(work_dir=work, checkpoint=ckpt_path, step=start, model=raw_model, is_main=dist_info.is_main)
     model.train()
-    data = training_batches(train_set, cfg, start, dist_info.device, dist_info.world_size, dist_info.rank)
     bar = tqdm(
         total=cfg.train.max_iters, initial=start, desc="train", unit="it", dynamic_ncols=True,
         disable=not dist_info.is_main,
     )  # fmt: skip
-    tic, last_log = time.perf_counter(), start
+
+    def save(step: int) -> Path:
+        """Checkpoint iteration ``step``: rank 0 writes it, with every rank's random state (all ranks call this)."""
+        rng = all_gather_objects(rng_state())
+        path = work / f"iter_{step}.pth"
+        if dist_info.is_main:
+            save_checkpoint(path, raw_model, cfg, classes, mean, std, step, optimizer, scheduler, rng)
+        return path
+
+    tic, last_log, skipped = time.perf_counter(), start, []
     intervals = (cfg.train.log_interval, cfg.train.val_interval, cfg.train.ckpt_interval)
     for it in range(start, cfg.train.max_iters):
         batch = to_device(next(data), dist_info.device)
+        skipped += [line for line in batch["skipped"] if line]  # unreadable images the loader passed over
         iteration(model, raw_model, step, batch, it, optimizer, scheduler, guard, meter)
         done = it + 1
         result.step = done
@@ -251,6 +272,9 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
         if log_now or val_now or save_now:  # the device is read here, never between
             guard.raise_if_tripped(result.checkpoint)
         if log_now:
+            for line in (line for part in all_gather_objects(skipped) for line in part):
+                log.text(line, echo=False)  # the loader already printed it
+            skipped = []
             logged = meter.pop()
             seconds = (time.perf_counter() - tic) / (done - last_log)
             tic, last_log = time.perf_counter(), done
@@ -264,19 +288,16 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
                 if warning:
                     log.text(warning)
             result.history.append({"step": done, **logged})
-        best = False
+        saved = save_now
+        if save_now:  # before validating: a validation that fails never costs the iterations before it
+            result.checkpoint = save(done)
         if val_now:
             result.val = _validate(raw_model, val_set, cfg, dist_info, log, done)
-            best = keeper.is_best(result.val.metrics)
-        if best or save_now:
-            rng = all_gather_objects(rng_state())
-            result.checkpoint = work / f"iter_{done}.pth"
-            if dist_info.is_main:
-                save_checkpoint(
-                    result.checkpoint, raw_model, cfg, classes, mean, std, done, optimizer, scheduler, rng
-                )
-            if best:
+            if keeper.is_best(result.val.metrics):
+                if not saved:
+                    result.checkpoint, saved = save(done), True
                 keeper.mark_best(done, result.checkpoint, result.val.metrics)
+        if saved:
             keeper.prune()
             barrier()
         log.flush()
@@ -307,10 +328,16 @@ def _wrap(raw_model: WSSSModel, info: DistInfo) -> torch.nn.Module:
 
 
 def _validate(
-    raw_model: WSSSModel, val_set: VOCSegDataset | TaggedValDataset, cfg: Config, info: DistInfo, log: RunLogger,
+    raw_model: WSSSModel,
+    val_set: VOCSegDataset | TaggedValDataset,
+    cfg: Config,
+    info: DistInfo,
+    log: RunLogger,
     step: int,
 ) -> ValResult:
     res = validate(raw_model, val_set, cfg, info.device, cfg.train.val_max_images)
+    for reason in res.skipped:
+        log.text(f"warning: skipping val image {reason}")
     log.text(f"[iter {step}] val: " + "  ".join(f"{k} {v:.2f}" for k, v in res.metrics.items()))
     tag_scores = {f"val/{k}": v for k, v in res.metrics.items() if k.startswith("cls_")}  # a tag-only val set
     log.scalars(step, {**tag_scores, **val_scalars(res.tables)})

@@ -1,5 +1,10 @@
 """Validation during training: CAM, aux-CAM and segmentation mIoU on the val split, plus a few pictures; on a
-val set with tags only, classification mAP and F1."""
+val set with tags only, classification mAP and F1.
+
+A val image (or mask) that cannot be read is skipped, as a bad training image is: the scores cover the others,
+and :attr:`ValResult.skipped` says why each was left out (the training loop writes it to the log). More than
+``data.max_bad_images`` of them, or none readable, stop the validation with the first reason.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
 
 from wsss.cam import cam_to_label, labels_from_mask, multiscale_cam
@@ -38,6 +43,8 @@ class ValResult:
     titled (:data:`PANEL_TITLES`)."""
     notes: list[str] = field(default_factory=list)
     """What could not be measured, and why."""
+    skipped: list[str] = field(default_factory=list)
+    """Why each val image left out was unreadable (of every rank), each naming its file."""
 
 
 @torch.no_grad()
@@ -61,6 +68,10 @@ def validate(
     all ranks must call this together; pictures come from rank 0's first images.
 
     A tag-only val set (:class:`~wsss.data.voc.TaggedValDataset`) goes to :func:`validate_tags`.
+
+    Raises:
+        ValueError: More than ``cfg.data.max_bad_images`` val images cannot be read, or none can (the images
+            that cannot be read are otherwise skipped and listed in ``ValResult.skipped``).
     """
     if isinstance(dataset, TaggedValDataset):
         return validate_tags(model, dataset, cfg, device, max_images, num_pictures)
@@ -71,8 +82,11 @@ def validate(
     par = PAR.from_config(cfg.par).to(device)
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
     rank, loader = _shard_loader(dataset, total, cfg)
-    pictures = {}
+    pictures, skipped = {}, []
     for i, batch in enumerate(tqdm(loader, desc="val", leave=False, dynamic_ncols=True, disable=rank > 0)):
+        if "skipped" in batch:
+            skipped.append(batch["skipped"][0])
+            continue
         image = batch["image"][0][None].to(device)
         gt = batch["mask"][0].to(device)
         labels = labels_from_mask(gt, num_classes)[None]
@@ -103,13 +117,14 @@ def validate(
             pictures[str(batch["id"][0])] = titled_panels(panels, PANEL_TITLES)
     if was_training:
         model.train()
+    skipped = _all_skipped(skipped, total, dataset, cfg)
     metrics, tables = {}, {}
     for name, cm in matrices.items():
         cm.all_reduce()
         result = cm.compute(class_names=dataset.classes)
         metrics[f"{name}_mIoU"] = result.summary["mIoU"]
         tables[name] = result
-    return ValResult(metrics=metrics, tables=tables, pictures=pictures)
+    return ValResult(metrics=metrics, tables=tables, pictures=pictures, skipped=skipped)
 
 
 def _model_input(image: torch.Tensor, cfg: Config) -> torch.Tensor:
@@ -120,11 +135,46 @@ def _model_input(image: torch.Tensor, cfg: Config) -> torch.Tensor:
     return F.interpolate(image, size=crop, mode="bilinear", align_corners=False)
 
 
+class _SkipUnreadable(Dataset):
+    """The items of a val set; an item whose image or mask cannot be read (the ValueError names the file)
+    becomes ``{"id": ..., "skipped": reason}``, which a loader worker hands to the main process."""
+
+    def __init__(self, dataset: VOCSegDataset | TaggedValDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        try:
+            return self.dataset[index]
+        except ValueError as err:
+            return {"id": self.dataset.ids[index], "skipped": str(err)}
+
+
+def _all_skipped(skipped: list[str], total: int, dataset: VOCSegDataset | TaggedValDataset, cfg: Config) -> list[str]:
+    """The reasons of every rank's skipped images (all ranks must call it together).
+
+    Raises:
+        ValueError: More than ``cfg.data.max_bad_images`` were skipped, or all ``total`` of them.
+    """
+    skipped = [reason for part in all_gather_objects(skipped) for reason in part]
+    if len(skipped) > cfg.data.max_bad_images:
+        raise ValueError(
+            f"{len(skipped)} val images could not be read (more than data.max_bad_images = "
+            f"{cfg.data.max_bad_images}), the first: {skipped[0]}. Run tools/check_dataset.py to list them."
+        )
+    if skipped and len(skipped) == total:
+        raise ValueError(f"no image of {dataset.split_file} can be read; run tools/check_dataset.py")
+    return skipped
+
+
 def _shard_loader(dataset, total: int, cfg: Config) -> tuple[int, DataLoader]:
-    """This rank and a loader over its share (every ``world_size``-th) of the first ``total`` images."""
+    """This rank and a loader over its share (every ``world_size``-th) of the first ``total`` images, each
+    unreadable one as a skip marker (:class:`_SkipUnreadable`)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     loader = DataLoader(
-        Subset(dataset, range(rank, total, world)),
+        Subset(_SkipUnreadable(dataset), range(rank, total, world)),
         batch_size=1,
         num_workers=min(2, cfg.data.num_workers),
         collate_fn=collate_list,
@@ -155,8 +205,11 @@ def validate_tags(
     model.eval()
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
     rank, loader = _shard_loader(dataset, total, cfg)
-    probs, targets, pictures = [], [], {}
+    probs, targets, pictures, skipped = [], [], {}, []
     for i, batch in enumerate(tqdm(loader, desc="val", leave=False, dynamic_ncols=True, disable=rank > 0)):
+        if "skipped" in batch:
+            skipped.append(batch["skipped"][0])
+            continue
         image = _model_input(batch["image"][0][None].to(device), cfg)
         out = model(image)
         probs.append(out.logits.float().sigmoid()[0].cpu())
@@ -170,9 +223,10 @@ def validate_tags(
             pictures[str(batch["id"][0])] = np.concatenate([raw, cams, mask_overlay(raw, seg[0].cpu().numpy())], axis=1)
     if was_training:
         model.train()
+    skipped = _all_skipped(skipped, total, dataset, cfg)
     gathered = all_gather_objects((torch.stack(probs).numpy(), torch.stack(targets).numpy()) if probs else None)
     parts = [p for p in gathered if p is not None]
     metrics = multilabel_scores(
         np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), cfg.infer.cls_thresh
     )
-    return ValResult(metrics=metrics, pictures=pictures, notes=[MASKS_NEEDED])
+    return ValResult(metrics=metrics, pictures=pictures, notes=[MASKS_NEEDED], skipped=skipped)

@@ -7,6 +7,7 @@ with one :class:`wsss.evaluation.metrics.ConfusionMatrix`.
 from __future__ import annotations
 
 import json
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -105,7 +106,9 @@ def evaluate_folders(
     are not scored.
 
     Args:
-        pred_dir: Predicted index masks, values 0..C-1 (others count as misses).
+        pred_dir: Predicted index masks, values 0..C-1; others count as misses, which lowers every metric, and
+            are warned about on stderr with their number and the first file (a wrong ``num_classes``, or masks
+            from a model with more classes).
         gt_dir: Ground-truth index masks, values 0..C-1 or ``ignore_index``.
         num_classes: C.
         class_names: C names for the result; default ``"0"``..``"C-1"``.
@@ -141,6 +144,7 @@ def evaluate_folders(
 
     cm = ConfusionMatrix(num_classes, ignore_index, reduce_zero_label, device=device)
     bad_gt: list[str] = []
+    bad_pred: list[tuple[Path, int]] = []  # (mask, its predicted pixels outside [0, C))
     pairs = ((k, preds[k], gts[k]) for k in gts)
     loaded = iter_mask_pairs(pairs, num_workers)
     if progress:
@@ -150,11 +154,21 @@ def evaluate_folders(
         if counts[num_classes].any():
             values = np.unique(gt[~np.isin(gt, [*range(num_classes + reduce_zero_label), ignore_index])])
             bad_gt.append(f"{gts[key]} (labels {values.tolist()})")
+        outside = int(counts[:, num_classes].sum())
+        if outside:
+            bad_pred.append((preds[key], outside))
         cm.merge(counts)
     if bad_gt:
         raise ValueError(
             f"{len(bad_gt)} ground-truth masks have labels outside [0, {num_classes}) other than "
             f"{ignore_index}; is the number of classes right? {_some(bad_gt)}"
+        )
+    if bad_pred:
+        print(
+            f"warning: {sum(n for _, n in bad_pred)} predicted pixels in {len(bad_pred)} masks are outside [0, "
+            f"{num_classes}) (first: {bad_pred[0][0]}); where the ground truth is scored they count as misses, "
+            f"which lowers mIoU: are the predictions from a model of {num_classes} classes?",
+            file=sys.stderr,
         )
     return cm.compute(metrics, class_names=class_names)
 

@@ -13,9 +13,9 @@ import torch
 
 from wsss.config import Config
 from wsss.data.voc import config_classes, read_split, resolve_split
-from wsss.engine.checkpoint import load_checkpoint
 from wsss.evaluation.folders import evaluate_folders, save_metrics_json
 from wsss.evaluation.metrics import SegMetrics
+from wsss.inference.predictor import read_model_file
 from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
 
 
@@ -43,7 +43,7 @@ def evaluate_checkpoint(
     Args:
         cfg: The config that names the dataset (root, val split, mask folder, classes, ignore index) and, with
             ``tta``, the scales and flip (``infer.*``).
-        checkpoint: A wsss checkpoint.
+        checkpoint: A wsss checkpoint, or a ``tools/export.py --safetensors`` export.
         output: Folder of the predictions (``masks/``, with ``show`` also ``overlays/``, ``cams/`` and
             ``index.html``) and of ``metrics.json``.
         tta: Multi-scale + flip (``cfg.infer.scales``, ``cfg.infer.flip``); otherwise one scale, no flip.
@@ -57,7 +57,7 @@ def evaluate_checkpoint(
     """
     root = Path(cfg.data.root)
     classes = config_classes(cfg.data)
-    trained = list(load_checkpoint(checkpoint)["classes"])
+    trained = list(read_model_file(checkpoint)["classes"])
     if trained != classes:
         raise ValueError(
             f"{checkpoint} was trained on classes {trained}, the config names {classes}: "

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from wsss.engine.checkpoint import model_from_checkpoint
+from wsss.inference.sources import writing
 from wsss.models.segmentor import WSSSModel, resize_to_image
 from wsss.utils.fileio import atomic_write_bytes
 
@@ -34,12 +35,17 @@ _META_KEYS = ("config", "classes", "mean", "std", "step", "git_commit")
 
 
 def save_safetensors(ckpt: dict[str, Any], path: str | Path) -> None:
-    """Write the weights of ``ckpt`` (a loaded wsss checkpoint) and its description to ``path`` atomically."""
+    """Write the weights of ``ckpt`` (a loaded wsss checkpoint) and its description to ``path`` atomically.
+
+    Raises:
+        OutputError: ``path`` could not be written (a full disk); one line naming it, nothing left there.
+    """
     from safetensors.torch import save
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in ckpt["model"].items()}
     metadata = {"format": "pt", "wsss": "1", **{k: json.dumps(ckpt.get(k)) for k in _META_KEYS}}
-    atomic_write_bytes(path, save(tensors, metadata=metadata))
+    with writing(path):
+        atomic_write_bytes(path, save(tensors, metadata=metadata))
 
 
 def load_safetensors(path: str | Path) -> dict[str, Any]:
@@ -62,7 +68,16 @@ def load_safetensors(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: cannot be read as safetensors ({err})") from None
     if metadata.get("wsss") != "1":
         raise ValueError(f"{path}: not a wsss export (no config in its metadata); export it with tools/export.py")
-    return {"model": tensors, **{k: json.loads(metadata[k]) for k in _META_KEYS}}
+    ckpt = {"model": tensors}
+    for key in _META_KEYS:
+        try:
+            ckpt[key] = json.loads(metadata[key])
+        except (KeyError, ValueError) as err:
+            raise ValueError(
+                f"{path}: its metadata {key!r} is missing or not JSON ({type(err).__name__}: {err}); export the "
+                "checkpoint again with tools/export.py --safetensors"
+            ) from None
+    return ckpt
 
 
 class SegmentationExport(nn.Module):
@@ -91,6 +106,8 @@ def export_onnx(ckpt: dict[str, Any], path: str | Path) -> None:
 
     Raises:
         ImportError: onnx or onnxscript is missing.
+        OutputError: ``path`` (or the temporary folder beside it) could not be written (a full disk); one line naming
+            it, nothing left there.
     """
     try:
         import onnx
@@ -105,7 +122,7 @@ def export_onnx(ckpt: dict[str, Any], path: str | Path) -> None:
     example = torch.zeros(2, 3, 2 * p, 3 * p)
     dims = {0: torch.export.Dim("batch", min=1, max=1024), 2: torch.export.Dim("height", min=2, max=16384),
             3: torch.export.Dim("width", min=2, max=16384)}  # fmt: skip
-    with tempfile.TemporaryDirectory(dir=Path(path).parent) as tmp:
+    with writing(path), tempfile.TemporaryDirectory(dir=Path(path).parent) as tmp:
         tmp_file = os.path.join(tmp, "model.onnx")
         torch.onnx.export(
             wrapper, (example,), tmp_file, input_names=["image"], output_names=["seg", "cls"],
@@ -113,4 +130,5 @@ def export_onnx(ckpt: dict[str, Any], path: str | Path) -> None:
         )  # fmt: skip
         proto = onnx.load(tmp_file)
     onnx.helper.set_model_props(proto, {key: json.dumps(ckpt[key]) for key in ("classes", "mean", "std")})
-    atomic_write_bytes(path, proto.SerializeToString())
+    with writing(path):
+        atomic_write_bytes(path, proto.SerializeToString())

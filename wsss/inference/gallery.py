@@ -12,11 +12,12 @@ import numpy as np
 from PIL import Image
 
 from wsss.data.classes import voc_palette
-from wsss.inference.sources import output_paths
+from wsss.inference.sources import output_paths, writing
 from wsss.inference.visualize import mask_overlay
 from wsss.utils.fileio import atomic_write_text, read_image, read_mask, save_image
 
 __all__ = ["find_ground_truth", "write_gallery"]
+
 
 def _url(path: str) -> str:
     return html.escape(quote(path), quote=True)
@@ -37,7 +38,8 @@ def _write_truth_overlay(output: Path, rel: str, mask_path: Path) -> str:
     thumb = read_image(output_paths(output, rel, ("thumbs",))["thumbs"])
     mask = Image.fromarray(read_mask(mask_path)).resize((thumb.shape[1], thumb.shape[0]), Image.NEAREST)
     target = output_paths(output, rel, ("gt",))["gt"]
-    save_image(target, mask_overlay(thumb, np.asarray(mask)))
+    with writing(target):
+        save_image(target, mask_overlay(thumb, np.asarray(mask)))
     return target.relative_to(output).as_posix()
 
 
@@ -72,6 +74,9 @@ def write_gallery(
 
     Links are relative (the folder can be moved or served as is); names are HTML-escaped and URLs
     percent-encoded.
+
+    Raises:
+        OutputError: A file could not be written (a full disk); the message names it.
     """
     output = Path(output)
     labels, truth = labels or {}, truth or {}
@@ -110,5 +115,6 @@ def write_gallery(
         + "\n</table></body></html>\n"
     )
     path = output / "index.html"
-    atomic_write_text(path, page)
+    with writing(path):
+        atomic_write_text(path, page)
     return path

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from wsss.config import Config, InferConfig
+from wsss.config import Config, ConfigError, InferConfig
 from wsss.data.transforms import normalize
 from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.inference.crf import crf_labels
@@ -59,8 +59,21 @@ class Segmentation:
 
 
 def read_model_file(path: str | Path) -> dict[str, Any]:
-    """A wsss checkpoint (``.pth``) or a ``tools/export.py --safetensors`` export, as a checkpoint dict."""
-    return load_safetensors(path) if Path(path).suffix == ".safetensors" else load_checkpoint(path)
+    """A wsss checkpoint (``.pth``) or a ``tools/export.py --safetensors`` export, as a checkpoint dict whose config
+    this version reads.
+
+    Raises:
+        FileNotFoundError: The file is missing.
+        ValueError: The file is neither, or its config does not fit this version (one line naming the file).
+    """
+    if Path(path).suffix != ".safetensors":
+        return load_checkpoint(path)
+    ckpt = load_safetensors(path)
+    try:
+        config_from_checkpoint(ckpt)
+    except ConfigError as err:
+        raise ValueError(f"{path}: its config does not fit this version of wsss ({err})") from None
+    return ckpt
 
 
 class Segmenter:
@@ -100,13 +113,14 @@ class Segmenter:
 
         Raises:
             FileNotFoundError: The file is missing.
-            ValueError: The file is not a wsss checkpoint.
+            ValueError: The file is not a wsss checkpoint, or its config does not describe its weights
+                (:func:`~wsss.engine.checkpoint.model_from_checkpoint`: nothing is built then).
         """
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         ckpt = path if isinstance(path, dict) else read_model_file(path)
+        model, _ = model_from_checkpoint(ckpt, device, source=None if isinstance(path, dict) else path)
         cfg: Config = config_from_checkpoint(ckpt)
-        model, _ = model_from_checkpoint(ckpt, device)
         return cls(model, ckpt["classes"], ckpt["mean"], ckpt["std"], cfg.infer if infer is None else infer)
 
     @property
@@ -129,7 +143,7 @@ class Segmenter:
             scales: TTA scales (default ``infer.scales``).
             flip: Flip TTA (default ``infer.flip``).
             max_size: Longest side the model sees: a larger image is downscaled (bilinear, antialiased) and its
-                logits and CAMs are upsampled back (default ``infer.max_size``; None: the original size).
+                logits and CAMs are upsampled back (default ``infer.max_size``; 0 or None: the original size).
             cams: Also compute the CAMs.
 
         Returns:
@@ -140,7 +154,7 @@ class Segmenter:
         max_size = self.cfg.max_size if max_size is _UNSET else max_size
         x = torch.stack([normalize(raw, self.mean, self.std) for raw in images]).to(self.device)
         size = tuple(x.shape[-2:])
-        if max_size is not None and max(size) > max_size:
+        if max_size and max(size) > max_size:
             factor = max_size / max(size)
             small = (max(1, round(size[0] * factor)), max(1, round(size[1] * factor)))
             x = F.interpolate(x, size=small, mode="bilinear", align_corners=False, antialias=True)

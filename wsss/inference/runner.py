@@ -34,7 +34,21 @@ Dense CRF (``crf=True``): softmax of the TTA logits, then :func:`wsss.inference.
 written when the job finishes, so the model loop does not wait for the CRF (it waits only when more than
 ``2 * workers + batch_size`` jobs are queued, to bound memory).
 
-Path safety: see :mod:`wsss.inference.sources`.
+Size cap: the model sees every image with its longest side at most ``max_size`` (``infer.max_size``, default
+1024; 0: no cap); the masks come back at the image's own size, their argmax taken in bands of rows of at most
+``max_size**2`` pixels, so no single op runs long on a huge image.
+
+Interrupts: ``tools/infer.py`` turns SIGTERM into ``SystemExit`` (:func:`wsss.utils.lifetime.exit_on_sigterm`),
+raised at the first Python step after the running torch op, which is between two scales, two bands or two
+images: with the size cap no op takes more than seconds, so SIGTERM ends a run within seconds. Every finished
+image's outputs are whole (the mask, written last, marks it finished) and a half-written file is never left in
+place; a re-run finishes the rest.
+
+A full disk: the run stops at the first output that cannot be written, still writes ``image_labels.json``, the
+gallery and ``summary.json`` for the images finished (where space allows) and raises
+:class:`~wsss.inference.sources.OutputError`, one line naming the file and what was kept.
+
+Path safety (and why an output never lands on an input): see :mod:`wsss.inference.sources`.
 """
 
 from __future__ import annotations
@@ -46,7 +60,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -69,7 +83,19 @@ from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
 from wsss.inference.gallery import find_ground_truth, write_gallery
 from wsss.inference.predictor import Segmenter, read_model_file
-from wsss.inference.sources import Source, inside, list_folder, list_split, output_paths
+from wsss.inference.sources import (
+    FULL_DISK,
+    OutputError,
+    Source,
+    check_output_folder,
+    input_files,
+    inside,
+    list_folder,
+    list_split,
+    output_paths,
+    overwritten_input,
+    writing,
+)
 from wsss.inference.visualize import cam_overlay, mask_overlay
 from wsss.models.tta import predicted_classes
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, remove_stale_temporaries, save_image, save_mask
@@ -77,7 +103,18 @@ from wsss.utils.lifetime import die_with_parent
 
 THUMB_SIZE = 256
 
-__all__ = ["InferenceOptions", "InferenceSummary", "LoopSetup", "default_output", "downscale_logits", "run_inference"]
+__all__ = [
+    "InferenceOptions", "InferenceSummary", "LoopSetup", "check_scales", "class_labels", "default_output",
+    "downscale_logits", "run_inference",
+]  # fmt: skip
+
+
+def class_labels(seg: Tensor, band_pixels: int) -> np.ndarray:
+    """(C, H, W) logits -> (H, W) uint8 class indices (the argmax over C), in bands of rows of at most about
+    ``band_pixels`` pixels (0: in one op). One argmax over a 12000 x 12000 image ran 17 s on a CPU, in which no
+    signal is handled, and made 1.2 GB of int64 indices."""
+    rows = max(1, band_pixels // seg.shape[-1]) if band_pixels else seg.shape[-2]
+    return torch.cat([band.argmax(dim=0).to(torch.uint8) for band in seg.split(rows, dim=-2)]).cpu().numpy()
 
 
 def downscale_logits(seg: Tensor, factor: int) -> np.ndarray:
@@ -105,7 +142,7 @@ class InferenceOptions:
         overwrite: Redo images whose outputs exist.
         num_workers: Image decoding processes (0: in the main process).
         crf_workers: CRF processes; None takes ``infer.crf.workers`` (0: serial).
-        max_size: Longest side the model sees; None takes ``infer.max_size`` (see :class:`Segmenter`).
+        max_size: Longest side the model sees (0: no cap); None takes ``infer.max_size`` (see :class:`Segmenter`).
         progress: Show a progress bar.
         cfg_options: ``{"infer.key": value}`` overrides of the checkpoint's inference settings (``--cfg-options``).
         follow_symlinks: Read symlinks to regular image files that resolve outside the input folder.
@@ -126,6 +163,20 @@ class InferenceOptions:
     progress: bool = True
     cfg_options: dict[str, Any] = field(default_factory=dict)
     follow_symlinks: bool = False
+
+    def check(self) -> None:
+        """Refuse values that would run but compute nonsense (a constant mask), naming the ``tools/infer.py`` option.
+
+        Raises:
+            ValueError: One line naming the option.
+        """
+        if self.scales is not None:
+            check_scales(self.scales, "--scales")
+        bounds = (("--max-size", self.max_size, 0, " (0: no cap)"), ("--batch-size", self.batch_size, 1, ""),
+                  ("--workers", self.num_workers, 0, ""), ("--crf-workers", self.crf_workers, 0, ""))  # fmt: skip
+        for option, value, low, note in bounds:
+            if value is not None and value < low:
+                raise ValueError(f"{option}: must be >= {low}{note}, got {value}")
 
     def kinds(self) -> list[str]:
         """Output kinds this run writes for every image."""
@@ -148,6 +199,7 @@ class InferenceSummary:
         skipped: Files not processed, with the reason (corrupt, unsafe path, not an image, ...).
         seconds: Wall time of the loop (model loading and listing excluded).
         notes: Warnings for the user.
+        error: Why the run stopped early (an output that could not be written), else None.
     """
 
     output: Path
@@ -156,13 +208,14 @@ class InferenceSummary:
     skipped: list[Skipped] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    error: str | None = None
 
     @property
     def images_per_s(self) -> float:
         return self.done / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "output": str(self.output),
             "done": self.done,
             "existing": self.existing,
@@ -171,6 +224,7 @@ class InferenceSummary:
             "skipped": [asdict(s) for s in self.skipped],
             "notes": self.notes,
         }
+        return out if self.error is None else {**out, "error": self.error}
 
     def format(self, max_lines: int = 20) -> str:
         """Human-readable summary (at most ``max_lines`` skipped files listed)."""
@@ -185,6 +239,17 @@ class InferenceSummary:
         lines += [f"note: {n}" for n in self.notes]
         lines.append(f"outputs in {self.output}")
         return "\n".join(lines)
+
+
+def check_scales(scales: Sequence[float], option: str) -> None:
+    """Refuse an empty list of TTA scales or a scale that is not a finite number > 0, naming ``option``.
+
+    Raises:
+        ValueError: One line naming ``option``.
+    """
+    bad = [s for s in scales if not (math.isfinite(s) and s > 0)]
+    if not scales or bad:
+        raise ValueError(f"{option}: every scale must be a finite number > 0, got {list(scales)}")
 
 
 def default_output(input_path: str | Path) -> Path:
@@ -216,27 +281,36 @@ def run_inference(
 
     Raises:
         FileNotFoundError: The checkpoint, the input folder or the split is missing.
-        ValueError: OUTPUT is INPUT, or the checkpoint is not a wsss checkpoint.
+        ValueError: An option out of range, an OUTPUT where an output could land on an input
+            (:func:`~wsss.inference.sources.check_output_folder`), or the checkpoint is not a wsss checkpoint.
+        OutputError: An output could not be written (a full disk); the run stopped there, the images before it
+            are complete and ``summary.json`` says so where it could be written.
     """
     opts = options or InferenceOptions()
+    opts.check()
     input_path = Path(input_path)
     if not input_path.is_dir():
         raise FileNotFoundError(f"input folder not found: {input_path}")
     output = Path(output) if output is not None else default_output(input_path)
-    if os.path.realpath(output) == os.path.realpath(input_path):
-        raise ValueError(f"the output folder must differ from the input folder ({output})")
+    check_output_folder(input_path, output)
 
     ckpt = read_model_file(checkpoint)
     cfg = apply_options(config_from_checkpoint(ckpt), opts.cfg_options, prefix="infer.")
     scales = tuple(cfg.infer.scales if opts.scales is None else opts.scales)
+    check_scales(scales, "--scales" if opts.scales is not None else "infer.scales")
     flip = cfg.infer.flip if opts.flip is None else opts.flip
     max_size = cfg.infer.max_size if opts.max_size is None else opts.max_size
+    mask_dirs = (cfg.data.mask_dir, "SegmentationClass")
     if split is not None:
         sources, skipped = list_split(input_path, split, opts.follow_symlinks)
+        truth = find_ground_truth(input_path, mask_dirs, [s.rel for s in sources])
+        inputs = input_files([*(s.path for s in sources), *truth.values()])
     else:
         sources, skipped = list_folder(input_path, exclude=output, follow_symlinks=opts.follow_symlinks)
+        inputs = input_files(s.path for s in sources)
 
-    output.mkdir(parents=True, exist_ok=True)
+    with writing(output):
+        output.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(output, recursive=True)  # of killed runs; a live run's are kept
     summary = InferenceSummary(output=output, skipped=skipped)
     settings = {
@@ -250,10 +324,11 @@ def run_inference(
         "crf_config": asdict(cfg.infer.crf) if opts.crf else None,
     }
     kinds = opts.kinds()
-    todo, finished = _plan(sources, output, kinds, opts.overwrite, summary)
+    todo, finished = _plan(sources, output, kinds, opts.overwrite, summary, inputs)
     _check_previous_settings(output, settings, summary, opts.overwrite)
-    atomic_write_text(output / "run.json", json.dumps({**settings, "outputs": kinds}, indent=2) + "\n")
+    _save(output / "run.json", atomic_write_text, json.dumps({**settings, "outputs": kinds}, indent=2) + "\n")
 
+    failures: list[OutputError] = []
     with ExitStack() as stack:
         pool = None
         if opts.crf and todo:  # workers start before the model exists (see CrfPool)
@@ -265,17 +340,56 @@ def run_inference(
         )  # fmt: skip
         loop = _InferenceLoop(setup, summary, pool)
         tic = time.perf_counter()
-        loop.run(todo)
+        try:
+            loop.run(todo)
+        except OutputError as err:  # a full disk: keep what is finished, say what is not
+            failures.append(err)
         summary.seconds = time.perf_counter() - tic
     finished += loop.finished
-    labels = _update_labels_file(output, finished, ckpt["classes"], cfg.infer.cls_thresh)
+    unwritten = []
+    try:
+        labels = _update_labels_file(output, finished, ckpt["classes"], cfg.infer.cls_thresh)
+    except OutputError as err:
+        failures.append(err)
+        unwritten.append("image_labels.json")
+        labels = {}
     if opts.gallery:
         shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
-        mask_dirs = (cfg.data.mask_dir, "SegmentationClass")
-        truth = find_ground_truth(input_path, mask_dirs, shown) if split is not None else {}
-        write_gallery(output, shown, labels, cfg.infer.cls_thresh, ckpt["classes"], truth)
-    atomic_write_text(output / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
+        shown_truth = {rel: truth[rel] for rel in shown if rel in truth} if split is not None else {}
+        try:
+            write_gallery(output, shown, labels, cfg.infer.cls_thresh, ckpt["classes"], shown_truth)
+        except OutputError as err:
+            failures.append(err)
+            unwritten.append("index.html")
+    if failures:
+        summary.error = str(_stopped(failures[0], summary.done, len(todo) - loop.handled, unwritten))
+    try:
+        _save(output / "summary.json", atomic_write_text, json.dumps(summary.to_dict(), indent=2) + "\n")
+    except OutputError as err:
+        failures.append(err)
+        unwritten.append("summary.json")
+    if failures:
+        raise _stopped(failures[0], summary.done, len(todo) - loop.handled, unwritten)
     return summary
+
+
+def _stopped(failure: OutputError, done: int, left: int, unwritten: list[str]) -> OutputError:
+    """``failure`` (the first output that could not be written) with what the run kept: ``done`` images finished,
+    ``left`` not, the run files ``unwritten``."""
+    fix = "free space" if failure.error.errno in FULL_DISK else "fix that"
+    lost = f"; not written: {', '.join(unwritten)}" if unwritten else ""
+    return OutputError(
+        failure.path,
+        failure.error,
+        f"stopped with {done} image{'s' * (done != 1)} finished in this run (outputs complete), {left} not "
+        f"finished{lost}; {fix} and run again: finished images are skipped",
+    )
+
+
+def _save(path: Path, save: Callable[..., None], *args: Any) -> None:
+    """``save(path, *args)``, an OSError raised as :class:`OutputError` naming ``path``."""
+    with writing(path):
+        save(path, *args)
 
 
 def _paths_for_gallery(output: Path, rel: str) -> list[Path]:
@@ -283,15 +397,28 @@ def _paths_for_gallery(output: Path, rel: str) -> list[Path]:
 
 
 def _plan(
-    sources: list[Source], output: Path, kinds: list[str], overwrite: bool, summary: InferenceSummary
+    sources: list[Source],
+    output: Path,
+    kinds: list[str],
+    overwrite: bool,
+    summary: InferenceSummary,
+    inputs: dict[tuple[int, int], Path],
 ) -> tuple[list[tuple[Source, dict[str, Path]]], list[str]]:
-    """Split sources into those to run and those already done; skip unsafe outputs and name collisions."""
+    """Split sources into those to run and those already done; skip unsafe outputs (outside OUTPUT, or one of the
+    ``inputs`` files of :func:`~wsss.inference.sources.input_files`) and name collisions."""
     todo, done, claimed = [], [], {}
     for src in sources:
         paths = output_paths(output, src.rel, kinds)
-        escaped = [p for p in paths.values() if not inside(p, output)]
+        gallery_gt = output_paths(output, src.rel, ["gt"]) if "thumbs" in kinds else {}
+        written = [*paths.values(), *gallery_gt.values()]
+        escaped = [p for p in written if not inside(p, output)]
         if escaped:
             reason = f"output {escaped[0]} resolves outside the output folder ({os.path.realpath(escaped[0])})"
+            summary.skipped.append(Skipped(src.rel, reason))
+            continue
+        clash = next(((p, f) for p in written if (f := overwritten_input(p, inputs)) is not None), None)
+        if clash is not None:
+            reason = f"its output {clash[0]} is the input file {clash[1]}; an output never overwrites an input"
             summary.skipped.append(Skipped(src.rel, reason))
             continue
         key = paths["masks"].as_posix()
@@ -334,7 +461,7 @@ def _update_labels_file(output: Path, finished: list[str], classes: list[str], t
             images[rel] = entry
     path = output / "image_labels.json"
     payload = {"classes": list(classes), "threshold": threshold, "images": dict(sorted(images.items()))}
-    atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
+    _save(path, atomic_write_text, json.dumps(payload, indent=1) + "\n")
     return images
 
 
@@ -353,7 +480,7 @@ class LoopSetup:
         kinds: Output kinds written per image (:meth:`InferenceOptions.kinds`).
         scales: TTA scales.
         flip: Flip TTA.
-        max_size: Longest side the model sees (None: the original size).
+        max_size: Longest side the model sees (0: the original size).
         logits_stride: Downscaling of the saved logits.
         batch_size: Images per forward batch.
         num_workers: Decoding processes.
@@ -364,7 +491,7 @@ class LoopSetup:
     kinds: list[str]
     scales: tuple[float, ...]
     flip: bool
-    max_size: int | None
+    max_size: int
     logits_stride: int
     batch_size: int
     num_workers: int
@@ -379,6 +506,8 @@ class _InferenceLoop:
         self.palette = voc_palette()
         self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, Future]] = deque()
         self.finished: list[str] = []
+        self.handled = 0
+        """Images finished or skipped so far."""
         self.bar = None
 
     def run(self, todo: list[tuple[Source, dict[str, Path]]]) -> None:
@@ -396,7 +525,7 @@ class _InferenceLoop:
                 src, paths = todo[item["index"]]
                 if item["image"] is None:
                     self.summary.skipped.append(Skipped(src.rel, f"unreadable image ({item['error']})"))
-                    self.bar.update(1)
+                    self._advance()
                     continue
                 for batch in buckets.add((src, paths, item["image"]), item["image"].shape):
                     self._run_batch(batch)
@@ -406,10 +535,15 @@ class _InferenceLoop:
         finally:
             self.bar.close()
 
+    def _advance(self) -> None:
+        self.handled += 1
+        self.bar.update(1)
+
     def _run_batch(self, batch: list[tuple[Source, dict[str, Path], np.ndarray]]) -> None:
         setup = self.setup
         images = [raw for _, _, raw in batch]
-        out = setup.segmenter.forward(images, setup.scales, setup.flip, setup.max_size, cams="cams" in setup.kinds)
+        max_size = setup.max_size or None  # 0: no cap
+        out = setup.segmenter.forward(images, setup.scales, setup.flip, max_size, cams="cams" in setup.kinds)
         threshold = setup.segmenter.cfg.cls_thresh
         for i, (src, paths, raw) in enumerate(batch):
             seg = out.seg[i]
@@ -422,20 +556,20 @@ class _InferenceLoop:
                 "cam_classes": [n for n, p in zip(names, shown.tolist(), strict=True) if p],
                 "top1_fallback": top1,
             }
-            atomic_write_text(paths["labels"], json.dumps(entry) + "\n")  # before the mask, which marks it done
+            _save(paths["labels"], atomic_write_text, json.dumps(entry) + "\n")  # before the mask, which marks it done
             if "logits" in paths:
-                _save_npy(paths["logits"], downscale_logits(seg, setup.logits_stride))
+                _save(paths["logits"], _save_npy, downscale_logits(seg, setup.logits_stride))
             if "cams" in paths:
-                save_image(paths["cams"], cam_overlay(raw, out.cam[i][shown].cpu().numpy()))
+                _save(paths["cams"], save_image, cam_overlay(raw, out.cam[i][shown].cpu().numpy()))
             if "thumbs" in paths:
                 thumb = Image.fromarray(raw)
                 thumb.thumbnail((THUMB_SIZE, THUMB_SIZE))
-                save_image(paths["thumbs"], np.asarray(thumb))
+                _save(paths["thumbs"], save_image, np.asarray(thumb))
             if self.pool is not None:
                 probs = seg.softmax(dim=0).cpu().numpy()
                 self.pending.append((src, paths, raw, self.pool.submit(raw, probs)))
             else:
-                self._finish(src, paths, raw, seg.argmax(dim=0).to(torch.uint8).cpu().numpy())
+                self._finish(src, paths, raw, class_labels(seg, setup.max_size**2))
         self._collect(block=False)
 
     def _collect(self, block: bool) -> None:
@@ -448,14 +582,14 @@ class _InferenceLoop:
                 mask = future.result()
             except Exception as err:  # a failed CRF job skips its image, the run goes on
                 self.summary.skipped.append(Skipped(src.rel, f"dense CRF failed ({type(err).__name__}: {err})"))
-                self.bar.update(1)
+                self._advance()
                 continue
             self._finish(src, paths, raw, mask)
 
     def _finish(self, src: Source, paths: dict[str, Path], raw: np.ndarray, mask: np.ndarray) -> None:
         if "overlays" in paths:
-            save_image(paths["overlays"], mask_overlay(raw, mask))
-        save_mask(paths["masks"], mask, self.palette)
+            _save(paths["overlays"], save_image, mask_overlay(raw, mask))
+        _save(paths["masks"], save_mask, mask, self.palette)
         self.finished.append(src.rel)
         self.summary.done += 1
-        self.bar.update(1)
+        self._advance()

@@ -4,19 +4,40 @@ Input files whose resolved path (symlinks followed) lies outside the input folde
 and the file is a symlink to a regular file), split ids that are absolute or contain ``..``, and outputs whose
 resolved path would lie outside OUTPUT (a symlinked output folder) are skipped with a reason. Files under
 OUTPUT are never read as inputs when OUTPUT lies inside INPUT.
+
+An output never lands on an input: OUTPUT equal to INPUT, or INPUT inside one of OUTPUT's output folders
+(``proj/thumbs`` with OUTPUT ``proj``), is refused before anything is written (:func:`check_output_folder`), and
+an image one of whose output paths is an input file (a link followed with ``follow_symlinks``) is skipped
+(:func:`input_files`, :func:`overwritten_input`). Outputs are written through :func:`writing`, which names the
+file that failed (a full disk) in one line.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from wsss.data.folder import Skipped, scan_folder
+from wsss.data.paths import followable, inside, safe_relative
 from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
 
-__all__ = ["Source", "followable", "inside", "list_folder", "list_split", "output_paths", "safe_relative"]
+__all__ = [
+    "FULL_DISK", "OUTPUT_KINDS", "OutputError", "Source", "check_output_folder", "followable", "input_files", "inside",
+    "list_folder", "list_split", "output_paths", "overwritten_input", "safe_relative", "writing",
+]  # fmt: skip
+
+OUTPUT_KINDS = {
+    "masks": ".png", "labels": ".json", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg",
+    "gt": ".jpg",
+}  # fmt: skip
+"""The folders under OUTPUT that mirror the input's relative paths, with the suffix of their files."""
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+"""The errors of a write to a full disk (or a full quota)."""
 
 
 @dataclass
@@ -25,17 +46,6 @@ class Source:
 
     rel: str
     path: Path
-
-
-def inside(path: Path, root: Path) -> bool:
-    """Whether ``path`` with every symlink resolved lies in the resolved ``root``."""
-    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
-
-
-def followable(path: Path, follow_symlinks: bool) -> bool:
-    """Whether ``path``, which resolves outside its input folder, may be read anyway: with ``follow_symlinks``, a
-    symlink to a regular file."""
-    return follow_symlinks and path.is_symlink() and os.path.isfile(os.path.realpath(path))
 
 
 def list_folder(
@@ -67,19 +77,7 @@ def list_folder(
     return sources, skipped
 
 
-def safe_relative(name: str) -> str | None:
-    """``name`` as a clean relative POSIX path, or None if it is empty, absolute or climbs with ``..``."""
-    if not name or "\0" in name or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
-        return None
-    parts = PurePosixPath(name.replace("\\", "/")).parts
-    if not parts or any(p in ("..", "") for p in parts):
-        return None
-    return PurePosixPath(*[p for p in parts if p != "."]).as_posix() or None
-
-
-def list_split(
-    root: str | Path, split: str, follow_symlinks: bool = False
-) -> tuple[list[Source], list[Skipped]]:
+def list_split(root: str | Path, split: str, follow_symlinks: bool = False) -> tuple[list[Source], list[Skipped]]:
     """Images of a VOC-layout root listed by a split (a name under ``ImageSets/Segmentation`` or a file).
 
     Ids are looked up as ``JPEGImages/<id>{.jpg,.jpeg,.png}``; relative paths are taken from JPEGImages.
@@ -110,9 +108,88 @@ def list_split(
 def output_paths(output: Path, rel: str, kinds: Iterable[str]) -> dict[str, Path]:
     """Output file of each kind (``masks``, ``labels``, ``overlays``, ``cams``, ``logits``, ``thumbs``, ``gt``) for
     input ``rel``."""
-    suffix = {
-        "masks": ".png", "labels": ".json", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg",
-        "gt": ".jpg",
-    }  # fmt: skip
     stem = PurePosixPath(rel).with_suffix("")
-    return {k: output / k / f"{stem}{suffix[k]}" for k in kinds}
+    return {k: output / k / f"{stem}{OUTPUT_KINDS[k]}" for k in kinds}
+
+
+def check_output_folder(input_path: str | Path, output: str | Path) -> None:
+    """Refuse an output folder where an output could land on an input, before anything is written.
+
+    That is OUTPUT equal to INPUT, or INPUT in (or equal to) one of OUTPUT's :data:`OUTPUT_KINDS` folders, for
+    every kind, not only those this run writes: ``infer CKPT proj/thumbs proj --gallery`` would replace the photos
+    by their thumbnails, ``infer CKPT p/masks p`` the ground truth by predictions. Both folders are compared with
+    symlinks resolved, and a kind folder by identity (a case-insensitive file system). OUTPUT inside INPUT is
+    fine: its files are never read as inputs.
+
+    Raises:
+        ValueError: One line naming both folders.
+    """
+    inp, out = Path(os.path.realpath(input_path)), Path(os.path.realpath(output))
+    if inp == out:
+        raise ValueError(
+            f"the output folder must differ from the input folder (both are {inp}); outputs would overwrite the "
+            "inputs: give another OUTPUT (default: INPUT_pred beside INPUT)"
+        )
+    if not inp.is_relative_to(out):
+        return
+    first = out / inp.relative_to(out).parts[0]
+    kind = next((k for k in OUTPUT_KINDS if first.name == k or ((out / k).exists() and first.samefile(out / k))), None)
+    if kind is not None:
+        raise ValueError(
+            f"the input folder {input_path} lies in {kind}/ of the output folder {output}, where outputs would "
+            f"overwrite the inputs; give an OUTPUT outside {inp} whose {kind}/ is not the input (default: "
+            "INPUT_pred beside INPUT)"
+        )
+
+
+def input_files(paths: Iterable[Path]) -> dict[tuple[int, int], Path]:
+    """The files behind ``paths`` (symlinks followed), by identity (device, inode); missing ones are left out."""
+    found = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        found[(st.st_dev, st.st_ino)] = path
+    return found
+
+
+def overwritten_input(path: Path, inputs: dict[tuple[int, int], Path]) -> Path | None:
+    """The input (of :func:`input_files`) that writing ``path`` would replace, or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return inputs.get((st.st_dev, st.st_ino))
+
+
+class OutputError(OSError):
+    """An output could not be written (a full disk, no permission). ``str()`` is one line naming the file.
+
+    Args:
+        path: The file that failed.
+        error: The OSError writing raised.
+        consequence: What it means for the run (what was kept, what to do); by default that nothing was written
+            to ``path``.
+    """
+
+    def __init__(self, path: str | Path, error: OSError, consequence: str = "") -> None:
+        full = error.errno in FULL_DISK
+        why = f"the disk is full ({error.strerror})" if full else (error.strerror or str(error))
+        then = consequence or "nothing was written there" + ("; free space and run again" if full else "")
+        super().__init__(error.errno, f"cannot write {path}: {why}; {then}")
+        self.path, self.error = Path(path), error
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Writes of ``path`` inside the block raise :class:`OutputError` naming it instead of a bare OSError."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as err:
+        raise OutputError(path, err) from err

@@ -45,8 +45,15 @@ def build_model_backbone(cfg: ModelConfig) -> ViTBackbone:
 
 def build_model(cfg: ModelConfig, num_classes: int) -> WSSSModel:
     """The model that ``cfg`` describes, for ``num_classes`` classes (background included)."""
+    backbone = build_model_backbone(cfg)
+    if not -backbone.depth <= cfg.aux_layer < backbone.depth:
+        raise ValueError(
+            f"config keys 'model.aux_layer' ({cfg.aux_layer}) and 'model.backbone_kwargs.depth' ({backbone.depth} "
+            f"for {cfg.backbone}): block {cfg.aux_layer} does not exist; set model.aux_layer within "
+            f"[{-backbone.depth}, {backbone.depth - 1}] or raise the depth"
+        )
     return WSSSModel(
-        build_model_backbone(cfg),
+        backbone,
         num_classes,
         aux_layer=cfg.aux_layer,
         decoder_channels=cfg.decoder_channels,

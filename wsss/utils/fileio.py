@@ -118,14 +118,19 @@ def regular_file_problem(path: str | Path) -> str | None:
     return f"not a regular file ({kind})"
 
 
-def read_image(path: str | Path) -> np.ndarray:
+def read_image(path: str | Path, max_pixels: int = 0, budget_key: str = "data.max_image_pixels") -> np.ndarray:
     """Read any image as (H, W, 3) uint8 RGB, with its EXIF orientation applied.
 
     Grayscale, palette, RGBA (composited on black) and 16-bit images are converted.
 
+    Args:
+        path: The image file.
+        max_pixels: Refuse, before decoding, an image with more pixels than this (0: no cap).
+        budget_key: The config key of ``max_pixels``, named in the error.
+
     Raises:
-        ValueError: The file is missing, not a regular file, not an image, or truncated; the message names
-            the path.
+        ValueError: The file is missing, not a regular file, not an image, truncated, or over ``max_pixels``;
+            the message names the path.
     """
     path = Path(path)
     try:
@@ -138,6 +143,11 @@ def read_image(path: str | Path) -> np.ndarray:
         raise ValueError(f"{path}: {problem}")
     try:
         with Image.open(path) as im:
+            if max_pixels and im.width * im.height > max_pixels:
+                raise ValueError(
+                    f"{path}: {im.width}x{im.height} is {im.width * im.height:,} pixels, over {budget_key} = "
+                    f"{max_pixels:,}; downscale the image or raise {budget_key} (0: no cap)"
+                )
             im.load()
             im = ImageOps.exif_transpose(im)
             return _to_rgb(im)
