@@ -8,6 +8,7 @@ Each row trains in OUT/<row>/ (an interrupted grid resumes); the table goes to O
 from __future__ import annotations
 
 import argparse
+import sys
 
 from wsss.analysis.ablation import format_results, grid, run_grid
 from wsss.config import load_config, parse_cfg_options
@@ -24,7 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cosine-images", type=int, default=32, help="val images for the cosine similarity")
     args = parser.parse_args(argv)
 
-    cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
+    try:
+        cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
+    except (FileNotFoundError, ValueError) as err:  # ConfigError is a ValueError
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     rows = grid(args.grid)
     if args.rows:
         unknown = sorted(set(args.rows) - set(rows))

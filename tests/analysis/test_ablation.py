@@ -73,3 +73,12 @@ def test_record_results_merges_rows_by_name_in_grid_order(tmp_path):
     with pytest.raises(ValueError, match="results.json: not an ablation results file"):
         record_results(tmp_path, [row("L_cls | vanilla", 1.0)])
     assert (tmp_path / "results.json").read_text() == "{not json"  # nothing overwritten
+
+
+def test_cli_config_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text("data = dict(crop_size=-64)\n")
+    assert ablate.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "data.crop_size" in err
+    assert not (tmp_path / "out").exists()
