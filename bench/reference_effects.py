@@ -19,13 +19,15 @@ import torch
 
 from wsss.cam import multiscale_cam
 from wsss.config import Config, DataConfig, load_config
-from wsss.data.transforms import TrainAugment, backbone_mean_std
+from wsss.data.transforms import TrainAugment, backbone_mean_std, denormalize
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
 from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint
+from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
 from wsss.engine.validate import validate
 from wsss.evaluation.cam_eval import evaluate_cams
 from wsss.models import WSSSModel, build_model
+from wsss.pseudo_label import boxes_to_mask, pseudo_labels
 
 
 def row(what: str, value: str) -> None:
@@ -148,6 +150,86 @@ def validation_effect(model: WSSSModel, cfg: Config, mean, std, count: int) -> N
         row(f"toy val ({count} images), val_input={mode}", summary)
 
 
+def pos_embed_effect(name: str, state: dict, cfg: Config, batch: dict, mean, std, val_images: int = 0) -> None:
+    """The reference's plain bicubic position-embedding resampling against timm's antialiased kernel, same weights
+    and crops: classifier logits, CAMs and pseudo labels of the training CAM pass; with ``val_images``, validation."""
+    num_classes = batch["label"].shape[1] + 1
+    out = {}
+    for interp in ("bicubic", "timm"):
+        run = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pos_embed_interp=interp))
+        model = build_model(run.model, num_classes)
+        model.load_state_dict(state)
+        model.train()  # as the training CAM pass runs
+        with torch.no_grad():
+            logits = model(batch["image"]).logits
+        step = TrainingStep(dataclasses.replace(run, train=dataclasses.replace(run.train, cam_dtype="float32")),
+                            mean, std, torch.device("cpu"))  # fmt: skip
+        out[interp] = (logits, step.targets(model, batch))
+        if val_images:
+            val = VOCSegDataset(run.data, mean, std)
+            res = validate(model.eval(), val, run, torch.device("cpu"), max_images=val_images, num_pictures=0)
+            row(f"{name}: val ({val_images} images), pos_embed_interp={interp}",
+                ", ".join(f"{k} {v:.2f}" for k, v in res.metrics.items()))  # fmt: skip
+    (la, ta), (lb, tb) = out["bicubic"], out["timm"]
+    rel = float((la - lb).abs().max() / la.abs().max())
+    row(f"{name}: bicubic vs timm resampling, classifier logits (max relative)", f"{rel:.1e}")
+    row(f"{name}: bicubic vs timm resampling, CAM max abs difference", f"{float((ta.cams - tb.cams).abs().max()):.1e}")
+    pixels = int((ta.label != tb.label).sum())
+    row(f"{name}: bicubic vs timm resampling, pseudo-label pixels changed",
+        f"{pixels} of {ta.label.numel()} ({changed(ta.label, tb.label):.2f} %)")  # fmt: skip
+
+
+def warmup_effect(cfg: Config) -> None:
+    """Learning rate (x base) at ``loss.seg_start_iter`` and summed over the schedule: the paper's warm-up against
+    the reference's 1500 iterations (``PolyWarmupScheduler`` stepped over every iteration)."""
+    factors = {}
+    for warmup in (cfg.optim.warmup_iters, 1500):
+        o = dataclasses.replace(cfg.optim, warmup_iters=warmup)
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=o.lr)
+        sched = PolyWarmupScheduler(opt, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
+        rates = []
+        for _ in range(cfg.train.max_iters):
+            rates.append(opt.param_groups[0]["lr"] / o.lr)  # the rate this iteration steps with
+            opt.step()
+            sched.step()
+        factors[warmup] = rates
+    (a, ra), (b, rb) = factors.items()
+    it = cfg.loss.seg_start_iter
+    row(f"paper schedule: lr at iteration {it} (x base), warm-up {a} / {b}", f"{ra[it]:.4f} / {rb[it]:.4f}")
+    row(f"paper schedule: sum of lr / base over {cfg.train.max_iters} iterations, warm-up {a} / {b}",
+        f"{sum(ra):.1f} / {sum(rb):.1f} ({sum(rb) - sum(ra):.1f} base-rate iterations)")  # fmt: skip
+
+
+def val_subset_effect(model: WSSSModel, cfg: Config, mean, std, counts: tuple[int, ...]) -> None:
+    """Seg mIoU over the classes in the ground truth or the prediction (ours, mmseg's) against the ground truth
+    only (the reference's), on the first ``count`` val images."""
+    val = VOCSegDataset(cfg.data, mean, std)
+    for count in counts:
+        table = validate(model.eval(), val, cfg, torch.device("cpu"), max_images=count, num_pictures=0).tables["seg"]
+        iou = np.asarray(table.per_class["IoU"], dtype=float)
+        in_gt = np.asarray(table.per_class["Acc"], dtype=float)  # Acc is NaN for a class absent from the ground truth
+        ours, gt_only = np.nanmean(iou), np.nanmean(iou[~np.isnan(in_gt)])
+        row(f"toy val, first {count} images: seg mIoU ours / ground-truth classes only", f"{ours:.2f} / {gt_only:.2f}")
+
+
+def par_guidance_effect(name: str, model: WSSSModel, cfg: Config, batch: dict, mean, std) -> None:
+    """Pseudo labels with the float PAR guidance image (ours) against the reference's uint8-truncated one, on the
+    same CAMs."""
+    step = TrainingStep(cfg, mean, std, torch.device("cpu"))
+    model.train()
+    with torch.no_grad():
+        images = batch["image"].float()
+        cams = multiscale_cam(model.cam, images, batch["label"], cfg.cam.scales)
+        scale, shift = (torch.tensor(v).view(1, 3, 1, 1) * 255 for v in (std, mean))
+        truncated = (images * scale + shift).to(torch.uint8) / 255.0
+        valid = boxes_to_mask(batch["box"], *images.shape[-2:])
+        args = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.par.scale, cfg.data.ignore_index, None)
+        ours = pseudo_labels(denormalize(images, mean, std), cams, batch["label"], valid, step.par, *args)
+        ref = pseudo_labels(truncated, cams, batch["label"], valid, step.par, *args)
+    row(f"{name}: pseudo-label pixels changed, uint8-truncated PAR guidance",
+        f"{int((ours != ref).sum())} of {ours.numel()}")  # fmt: skip
+
+
 def pseudo_scoring(model: WSSSModel, cfg: Config, mean, std, count: int) -> None:
     train = VOCSegDataset(cfg.data, mean, std, split=cfg.data.train_split)
     res = evaluate_cams(model, train, cfg, [cfg.cam.infer_bg_thresh], pseudo=True, max_images=count, progress=False)
@@ -163,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=4, help="crops per measurement")
     parser.add_argument("--val-images", type=int, default=100)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--pos-embed-only", action="store_true", help="only the position-embedding resampling rows")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -185,6 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     paper_model = build_model(paper.model, len(ckpt["classes"]))
 
     print("| measurement | value |\n|---|---|")
+    pos_embed_effect("DeiT-S 448 (random init)", paper_model.state_dict(), paper, paper_batch, pmean, pstd)
+    pos_embed_effect("toy (trained)", ckpt["model"], toy_cfg, toy_batch, mean, std, args.val_images)
+    if args.pos_embed_only:
+        return 0
+    warmup_effect(paper)
+    val_subset_effect(toy_model, toy_cfg, mean, std, (2, 5, 10, args.val_images))
+    par_guidance_effect("toy (trained), 16 crops", toy_model, toy_cfg, batch_from(toy_data, 16), mean, std)
+    par_guidance_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
     drop_path_effect("DeiT-S 448 (random init)", paper_model.state_dict(), paper, paper_batch, pmean, pstd)
     drop_path_effect("toy (trained)", ckpt["model"], toy_cfg, toy_batch, mean, std)
     paper_padding_fraction(samples=500)

@@ -20,6 +20,7 @@ PAPER_CONSTANTS = {
     "model.pretrained": "hub",
     "model.drop_path_rate": 0.0,
     "model.freeze_pos_embed": True,
+    "model.pos_embed_interp": "bicubic",
     "model.attention.name": "centered",
     "model.attention.gamma": -1.0,
     "model.attention.blocks": None,

@@ -188,6 +188,11 @@ class ModelConfig:
     make the pseudo labels random."""
     freeze_pos_embed: bool = True
     """Keep the position embedding at its pretrained values (the reference freezes it)."""
+    pos_embed_interp: str = choice("bicubic", "timm")
+    """How the position-embedding grid is resampled to the input's token grid (at every forward: training crops,
+    the CAM scales, validation, inference, export). ``bicubic``: the reference's plain ``F.interpolate(...,
+    mode="bicubic", align_corners=False)``; ``timm``: timm's ``resample_abs_pos_embed`` (antialiased bicubic, a
+    different kernel even when upsampling; docs/reference.md row 17)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     aux_layer: int = -3
     """Block whose patch tokens (before the final norm) feed the auxiliary classifier."""
@@ -321,6 +326,10 @@ class TrainConfig:
 
     max_iters: int = 80000
     batch_size: int = 4
+    """Images per process. Under ``torchrun`` every process draws its own batch and computes PAR, the pseudo labels
+    and the balanced CE on it (gradients averaged), so the global batch is ``batch_size`` x the number of processes.
+    The paper's batch 4 is 4 on one GPU, 2 on two (ToCo's run: 2 GPUs x 2 images), 1 on four; the splits differ
+    only in how the balanced CE pools pixels (docs/reference.md row 13)."""
     seed: int = 0
     amp: bool = True
     """bf16 autocast on GPU (ignored on CPU)."""

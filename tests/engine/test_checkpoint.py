@@ -1,4 +1,5 @@
-"""Checkpoint integrity: no non-finite weights saved, checksums, fallback to the previous valid checkpoint."""
+"""Checkpoint integrity: no non-finite weights saved, checksums, fallback to the previous valid checkpoint, weights
+that do not fit the model refused by every loader (inference, export, resume), naming the key."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
+from tests.engine.test_crafted_checkpoint import craft
 from wsss.engine.checkpoint import (
     LAST_CHECKPOINT,
     NonFiniteWeightsError,
@@ -19,7 +21,12 @@ from wsss.engine.checkpoint import (
     model_from_checkpoint,
     save_checkpoint,
 )
+from wsss.engine.optim import build_optimizer
+from wsss.engine.resume import find_checkpoint, restore_training_state
+from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.train import train
+from wsss.inference.export import save_safetensors
+from wsss.inference.predictor import Segmenter, read_model_file
 from wsss.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -107,6 +114,75 @@ def test_config_that_does_not_fit_the_weights_names_the_file(saved):
     torch.save(ckpt, work / "alien.pth")
     with pytest.raises(ValueError, match="alien.pth: its config does not fit"):
         load_checkpoint(work / "alien.pth")
+
+
+WEIGHT_EDITS = {
+    "missing": "backbone.vit.blocks.1.attn.proj.weight",  # strict=False would leave this layer random
+    "unexpected": "decoder.conv3.weight",
+}
+"""A key dropped from or added to a checkpoint's weights (the config and every other tensor unchanged)."""
+
+
+def edit_weights(ckpt: dict, edit: str) -> dict:
+    """``ckpt`` with the key of ``WEIGHT_EDITS[edit]`` dropped from (or added to) its weights."""
+    weights = dict(ckpt["model"])
+    if edit == "missing":
+        del weights[WEIGHT_EDITS[edit]]
+    else:
+        weights[WEIGHT_EDITS[edit]] = torch.ones(16, 16, 1, 1)
+    return {**ckpt, "model": weights}
+
+
+def assert_names_the_key(err: pytest.ExceptionInfo, path, edit: str) -> None:
+    message = str(err.value)
+    assert message.startswith(f"{path}: its weights do not fit the model its config builds"), message
+    assert edit in message.lower() and WEIGHT_EDITS[edit] in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("edit", list(WEIGHT_EDITS))
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_inference_refuses_a_missing_or_unexpected_weight(saved, edit, suffix):
+    """A checkpoint (valid checksum) or an export with one weight too few or too many is refused, naming the key,
+    where inference, evaluation and export rebuild the model: never loaded with the layer left random."""
+    _, _, work = saved
+    ckpt = edit_weights(load_checkpoint(work / "iter_6.pth"), edit)
+    if suffix == ".pth":
+        path = craft(ckpt, work / "edited.pth")
+    else:
+        path = work / "edited.safetensors"
+        save_safetensors(ckpt, path)
+    for load in (lambda: model_from_checkpoint(read_model_file(path), source=path),
+                 lambda: Segmenter.from_checkpoint(path, "cpu")):  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            load()
+        assert_names_the_key(err, path, edit)
+
+
+def training_state(cfg):
+    """Model, optimiser and scheduler built from ``cfg`` as the training loop builds them."""
+    model = build_model(cfg.model, num_classes=3)
+    optimizer, o = build_optimizer(model, cfg.optim), cfg.optim
+    scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
+    return model, optimizer, scheduler
+
+
+@pytest.mark.parametrize("edit", list(WEIGHT_EDITS))
+def test_resume_refuses_a_missing_or_unexpected_weight(saved, edit):
+    """Resuming loads the weights into the model the current config builds: one too few or too many is an error
+    naming the key, never a run that trains on with a layer re-initialised."""
+    cfg, _, work = saved
+    model, optimizer, scheduler = training_state(cfg)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()  # AdamW moments to resume
+    save_checkpoint(work / "iter_9.pth", model, cfg, ["bg", "a", "b"], (0.5,) * 3, (0.2,) * 3, 9, optimizer, scheduler)
+    found, ckpt = find_checkpoint(work, True)
+    assert restore_training_state(ckpt, found, *training_state(cfg), ["bg", "a", "b"]) == 9  # unedited: resumes
+    path = craft(edit_weights(ckpt, edit), work / "edited.pth")
+    found, ckpt = find_checkpoint(work, path)
+    with pytest.raises(ValueError) as err:
+        restore_training_state(ckpt, found, *training_state(cfg), ["bg", "a", "b"])
+    assert_names_the_key(err, path, edit)
 
 
 class _Evil:

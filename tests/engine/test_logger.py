@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import tiny_config
 from wsss.engine.checkpoint import LAST_CHECKPOINT
-from wsss.engine.logger import chance_warning
+from wsss.engine.logger import chance_warning, start_summary
 from wsss.engine.train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,6 +60,18 @@ def test_resume_keeps_one_line_per_step(tiny_voc, tmp_path):
     assert [r["step"] for r in read_rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
     assert read_rows(tmp_path)[4]["loss/total"] != 9.0
     assert (tmp_path / "log.txt").read_text().count("run starts at iteration") == 2
+
+
+@pytest.mark.parametrize(
+    ("world_size", "expected"),
+    [(1, "global batch 2 (2 per process x 1 process)"), (4, "global batch 8 (2 per process x 4 processes)")],
+)
+def test_start_summary_states_the_global_batch(world_size, expected):
+    cfg = tiny_config(".")  # train.batch_size 2 is per process: torchrun multiplies it by the world size
+    summary = start_summary(cfg, torch.device("cpu"), world_size, {"train": 3}, ["background", "cat"],
+                            Path(cfg.data.label_file), torch.nn.Linear(2, 2))  # fmt: skip
+    line = next(line for line in summary.splitlines() if line.startswith("schedule"))
+    assert line == f"schedule    {cfg.train.max_iters} iterations, {expected}, warm-up {cfg.optim.warmup_iters}"
 
 
 def test_chance_warning():

@@ -1,4 +1,5 @@
-"""Validation during training: the reference's resize-to-crop mode and the original-size mode."""
+"""Validation during training: the reference's resize-to-crop mode and the original-size mode, every mIoU column
+against an independent computation."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_config, tiny_tagged_config
+from wsss.cam import multiscale_cam
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import TaggedValDataset, VOCSegDataset, val_dataset
 from wsss.engine.validate import MASKS_NEEDED, validate
@@ -30,10 +32,20 @@ def seg_miou(preds: list[np.ndarray], gts: list[np.ndarray], num_classes: int) -
         return float(np.nanmean(inter / union) * 100)
 
 
+def cam_label(cam: np.ndarray, gt: np.ndarray, bg_thresh: float, num_classes: int) -> np.ndarray:
+    """(C-1, H, W) CAMs -> (H, W) labels: argmax over [bg_thresh, CAMs of the classes in ``gt``] (ties: background)."""
+    present = [c for c in np.unique(gt) if 0 < c < num_classes]
+    scores = np.concatenate([np.full((1, *gt.shape), bg_thresh), cam[[c - 1 for c in present]]])
+    return np.array([0, *present])[scores.argmax(axis=0)]
+
+
 @pytest.mark.parametrize("mode", ["crop", "original"])
 def test_validation_input_size(tiny_voc, mode):
+    """The model sees the input ``train.val_input`` says; seg, CAM and aux-CAM mIoU equal a computation by hand, the
+    CAMs thresholded at ``cam.infer_bg_thresh`` (set far from the training ``cam.bg_thresh``, so a swap shows)."""
     cfg = tiny_config(tiny_voc)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, val_input=mode))
+    cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh = 0.05, 0.6
     mean, std = backbone_mean_std(cfg.model.backbone)
     dataset = VOCSegDataset(cfg.data, mean, std)
     torch.manual_seed(0)
@@ -46,7 +58,7 @@ def test_validation_input_size(tiny_voc, mode):
     model.eval()
     crop = cfg.data.crop_size
     expected_inputs = set()
-    preds, gts = [], []
+    preds, gts, cams = [], [], {"cam": [], "aux_cam": []}
     with torch.no_grad():
         for item in dataset:
             image, gt = item["image"][None], item["mask"].numpy()
@@ -57,10 +69,22 @@ def test_validation_input_size(tiny_voc, mode):
             seg = maps_to_pixels(model(x).seg, tuple(x.shape[-2:]), model.stride, gt.shape)
             preds.append(seg.argmax(1)[0].numpy())
             gts.append(gt)
+            labels = torch.zeros(1, 2)
+            labels[0, [c - 1 for c in np.unique(gt) if 0 < c < 3]] = 1.0
+            for name, aux in (("cam", False), ("aux_cam", True)):
+                cam = multiscale_cam(lambda v, aux=aux: model.cam(v, aux=aux), x, labels, cfg.cam.scales)
+                cams[name].append(F.interpolate(cam, size=gt.shape, mode="bilinear", align_corners=False)[0].numpy())
     assert set(sizes) == expected_inputs
     if mode == "crop":
         assert set(sizes) == {(crop, crop), (crop // 2, crop // 2)}
     assert result.metrics["seg_mIoU"] == pytest.approx(seg_miou(preds, gts, 3), abs=0.006)  # reported to 2 decimals
+    for name, maps in cams.items():
+        expected, at_train_thresh = (
+            seg_miou([cam_label(m, g, thresh, 3) for m, g in zip(maps, gts, strict=True)], gts, 3)
+            for thresh in (cfg.cam.infer_bg_thresh, cfg.cam.bg_thresh)
+        )
+        assert result.metrics[f"{name}_mIoU"] == pytest.approx(expected, abs=0.006), name
+        assert abs(expected - at_train_thresh) > 1.0, name  # the case tells the two thresholds apart
 
 
 @pytest.mark.parametrize("mode", ["crop", "original"])

@@ -1,4 +1,5 @@
-"""Dense CRF: cleans a noisy two-region label map, follows its config, the pool equals the serial run."""
+"""Dense CRF: cleans a noisy two-region label map, follows its config, equals pydensecrf called directly on a colour
+image (RGB order, any memory layout), the pool equals the serial run."""
 
 from __future__ import annotations
 
@@ -22,6 +23,61 @@ def two_region_case(seed: int = 0, height: int = 40, width: int = 60, flip_rate:
     p1 = np.where(noisy == 1, 0.65, 0.35).astype(np.float32)
     probs = np.stack([1 - p1, p1])
     return image, probs, truth
+
+
+def colour_noise_case(seed: int = 0, height: int = 24, width: int = 32, classes: int = 3):
+    """Independent uniform noise in each channel (so RGB and BGR differ everywhere) and random probabilities."""
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    probs = rng.dirichlet(np.ones(classes), size=(height, width)).transpose(2, 0, 1)
+    return image, np.ascontiguousarray(probs, dtype=np.float32)
+
+
+def pydensecrf_reference(image: np.ndarray, probs: np.ndarray, cfg: CrfConfig) -> np.ndarray:
+    """(C, H, W) marginals of pydensecrf called as its README does, with ``cfg``'s constants; ``image`` RGB."""
+    dcrf = pytest.importorskip("pydensecrf.densecrf")
+    from pydensecrf.utils import unary_from_softmax
+
+    c, h, w = probs.shape
+    crf = dcrf.DenseCRF2D(w, h, c)
+    crf.setUnaryEnergy(unary_from_softmax(probs, clip=1e-5))
+    crf.addPairwiseGaussian(sxy=cfg.gaussian_sxy, compat=cfg.gaussian_compat)
+    crf.addPairwiseBilateral(sxy=cfg.bilateral_sxy, srgb=cfg.bilateral_srgb, rgbim=image, compat=cfg.bilateral_compat)
+    return np.array(crf.inference(cfg.iterations), dtype=np.float32).reshape(c, h, w)
+
+
+OTHER_CRF = CrfConfig(
+    gaussian_sxy=3.0, gaussian_compat=2.0, bilateral_sxy=40.0, bilateral_srgb=13.0, bilateral_compat=6.0, iterations=4
+)
+"""Every constant other than the default (so that a constant passed to the wrong argument shows)."""
+
+
+@pytest.mark.parametrize("cfg", [CrfConfig(), OTHER_CRF], ids=["default", "other"])
+def test_crf_equals_pydensecrf_on_a_colour_image(cfg):
+    """The near-gray images of the other tests cannot tell the channel order; pydensecrf's lattice treats the
+    channels unequally, so on colour noise BGR instead of RGB moves the marginals by up to 0.96."""
+    image, probs = colour_noise_case()
+    expected = pydensecrf_reference(image, probs, cfg)
+    np.testing.assert_allclose(dense_crf(image, probs, cfg), expected, rtol=0, atol=1e-6)
+    bgr = pydensecrf_reference(np.ascontiguousarray(image[..., ::-1]), probs, cfg)
+    assert np.abs(bgr - expected).max() > 0.3  # the case does tell the channel order apart
+
+
+def test_crf_takes_any_memory_layout():
+    """A view (a flipped or channel-reversed array, a crop) gives what its contiguous copy gives; pydensecrf
+    itself refuses it ("ndarray is not C-contiguous")."""
+    image, probs = colour_noise_case(seed=1, width=40)
+    bgr = np.ascontiguousarray(image[..., ::-1])
+    padded = np.zeros((image.shape[0], image.shape[1] + 8, 3), np.uint8)
+    padded[:, 4:-4] = image
+    views = {"flipped": image[:, ::-1], "channels reversed": bgr[..., ::-1], "crop": padded[:, 4:-4]}
+    for name, view in views.items():
+        assert not view.flags.c_contiguous, name
+        expected = dense_crf(np.ascontiguousarray(view), probs)
+        np.testing.assert_array_equal(dense_crf(view, probs), expected, err_msg=name)
+    np.testing.assert_array_equal(dense_crf(bgr[..., ::-1], probs), dense_crf(image, probs))
+    probs_view = np.ascontiguousarray(probs[:, :, ::-1])[:, :, ::-1]  # the probabilities may be a view too
+    np.testing.assert_array_equal(dense_crf(image, probs_view), dense_crf(image, probs))
 
 
 def test_crf_cleans_a_noisy_unary():

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from tools import infer as infer_cli
 from wsss.data.transforms import normalize
-from wsss.engine.checkpoint import load_checkpoint, model_from_checkpoint
+from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
+from wsss.inference.crf import crf_labels
 from wsss.inference.predictor import Segmenter
 from wsss.models.tta import tta_forward
 from wsss.utils.fileio import read_image, read_mask
@@ -84,6 +85,23 @@ def test_crf_refines_the_mask(toy_checkpoint, segmenter):
     plain, refined = segmenter(raw), segmenter(raw, crf=True)
     assert refined.mask.shape == plain.mask.shape and refined.mask.max() < len(segmenter.classes)
     assert refined.class_probs == plain.class_probs
+
+
+def test_crf_takes_an_array_in_any_memory_layout(toy_checkpoint, segmenter):
+    """The CRF mask is that of the reference's probabilities on the RGB image, also for an array that is a view (the
+    RGB view of a BGR array as OpenCV reads it, a mirror): pydensecrf itself refuses non-contiguous arrays."""
+    pytest.importorskip("pydensecrf.densecrf")
+    root, ckpt_path = toy_checkpoint
+    raw = read_image(root / "JPEGImages" / "val_00000.jpg")
+    cfg = config_from_checkpoint(load_checkpoint(ckpt_path)).infer
+    probs = reference(ckpt_path, raw, cfg.scales, cfg.flip).seg[0].softmax(dim=0).numpy()
+    expected = segmenter(raw, crf=True).mask
+    np.testing.assert_array_equal(expected, crf_labels(raw, probs, cfg.crf))
+    rgb_view = np.ascontiguousarray(raw[..., ::-1])[..., ::-1]
+    mirror = raw[:, ::-1]
+    assert not rgb_view.flags.c_contiguous and not mirror.flags.c_contiguous
+    np.testing.assert_array_equal(segmenter(rgb_view, crf=True).mask, expected)
+    np.testing.assert_array_equal(segmenter(mirror, crf=True).mask, segmenter(mirror.copy(), crf=True).mask)
 
 
 def test_bad_input_is_named(segmenter, tmp_path):

@@ -7,9 +7,10 @@ import re
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 from timm.layers import Attention, resample_abs_pos_embed
 
-from wsss.config import AttentionConfig
+from wsss.config import AttentionConfig, ModelConfig
 from wsss.models import (
     ATTENTION_VARIANTS,
     ContraNormBlock,
@@ -19,6 +20,7 @@ from wsss.models import (
     build_backbone,
     resolve_block_indices,
 )
+from wsss.models.builder import build_model_backbone
 
 DEIT = "deit_small_patch16_224"
 TINY_NAME = "vit_tiny_patch16_224"
@@ -104,9 +106,7 @@ def test_position_embedding_resized_like_timm(tmp_path):
     ref = timm.create_model(TINY_NAME, pretrained=False, num_classes=0, img_size=64, dynamic_img_size=True, **TINY)
     path = tmp_path / "grid4.pt"
     torch.save(ref.state_dict(), path)
-    backbone = build_backbone(
-        TINY_NAME, str(path), "vanilla", backbone_kwargs={**TINY, "img_size": 96}
-    ).eval()
+    backbone = build_backbone(TINY_NAME, str(path), "vanilla", backbone_kwargs={**TINY, "img_size": 96}).eval()
     pos = backbone.vit.pos_embed
     assert pos.shape == (1, 1 + 6 * 6, 64)
     expected = resample_abs_pos_embed(ref.pos_embed, new_size=(6, 6), old_size=(4, 4), num_prefix_tokens=1)
@@ -228,3 +228,31 @@ def test_contranorm_normalize_comes_from_the_config():
 def test_other_architectures_get_the_project_error(name):
     with pytest.raises(ValueError, match=f"model.backbone '{name}' is a timm .*needs a timm VisionTransformer"):
         build_backbone(name, backbone_kwargs={"depth": 1})
+
+
+def test_position_embedding_resampling_is_the_references_by_default():
+    """At a 448 input the 14 x 14 grid becomes 28 x 28 by plain bicubic (align_corners=False, no antialias), as the
+    reference resamples; ``timm`` keeps timm's antialiased kernel, which differs."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(backbone=TINY_NAME, pretrained="", backbone_kwargs=TINY, attention=AttentionConfig("vanilla"))
+    assert cfg.pos_embed_interp == "bicubic"
+    ours = build_model_backbone(cfg).eval()
+    timms = build_backbone(TINY_NAME, backbone_kwargs=TINY, pos_embed_interp="timm").eval()
+    timms.load_state_dict(ours.state_dict())
+    stored = ours.vit.pos_embed.detach()
+    grid = stored[:, 1:].reshape(1, 14, 14, -1).permute(0, 3, 1, 2)
+    want = F.interpolate(grid, size=(28, 28), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).flatten(1, 2)
+    zeros = torch.zeros(1, 28, 28, TINY["embed_dim"])
+    with torch.no_grad():
+        got, got_timm = ours.vit._pos_embed(zeros), timms.vit._pos_embed(zeros)
+    torch.testing.assert_close(got[:, 1:], want, rtol=0, atol=0)
+    torch.testing.assert_close(got[:, :1], ours.vit.cls_token + stored[:, :1], rtol=0, atol=0)
+    antialiased = resample_abs_pos_embed(stored, new_size=[28, 28], num_prefix_tokens=1)
+    torch.testing.assert_close(got_timm[:, 1:], antialiased[:, 1:], rtol=0, atol=0)
+    assert (got_timm[:, 1:] - want).abs().max() > 1e-3  # a different kernel
+    x = torch.randn(1, 3, 448, 448)
+    with torch.no_grad():
+        assert not torch.allclose(ours(x).features, timms(x).features)
+        x224 = x[..., :224, :224]  # the stored grid: no resampling, both equal
+        torch.testing.assert_close(ours(x224).features, timms(x224).features, rtol=0, atol=0)
+        assert torch.equal(timms(x).features, timms.vit.forward_features(x)[:, 1:].mT.reshape(1, -1, 28, 28))

@@ -306,10 +306,11 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sourc
     try:
         model.load_state_dict(weights, strict=True)
     except (RuntimeError, KeyError) as err:
-        first = str(err).strip().splitlines()
+        lines = [line.strip().rstrip(". ") for line in str(err).strip().splitlines()]  # torch: a heading, one per kind
+        problems = lines[1:] or lines
         raise ValueError(
-            f"{source}: its weights do not fit the model its config builds ({first[0] if first else err}"
-            f"{' ...' if len(first) > 1 else ''}); was the file edited or made by another wsss version?"
+            f"{source}: its weights do not fit the model its config builds ({'; '.join(problems[:3])}"
+            f"{' ...' if len(problems) > 3 else ''}); was the file edited or made by another wsss version?"
         ) from None
 
 

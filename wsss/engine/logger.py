@@ -137,7 +137,11 @@ def start_summary(
     cfg: Config, device: torch.device, world_size: int, split_sizes: dict[str, int], classes: list[str],
     label_file: Path, model: torch.nn.Module,
 ) -> str:  # fmt: skip
-    """The block printed when training starts: where it runs, on what data, with which model."""
+    """The block printed when training starts: where it runs, on what data, with which model.
+
+    The schedule line gives the global batch, ``train.batch_size`` (per process) x ``world_size``: under
+    ``torchrun`` each process draws its own batch, so the global batch grows with the number of GPUs.
+    """
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     attention = cfg.model.attention
@@ -150,7 +154,8 @@ def start_summary(
         f"model       {cfg.model.backbone} ({cfg.model.pretrained or 'random init'}), {attention.name} attention "
         f"in {blocks}",
         f"parameters  {params / 1e6:.2f} M ({trainable / 1e6:.2f} M trained)",
-        f"schedule    {cfg.train.max_iters} iterations of batch {cfg.train.batch_size} per process, "
+        f"schedule    {cfg.train.max_iters} iterations, global batch {cfg.train.batch_size * world_size} "
+        f"({cfg.train.batch_size} per process x {world_size} process{'es' if world_size > 1 else ''}), "
         f"warm-up {cfg.optim.warmup_iters}",
     ]
     return "\n".join(lines)

@@ -5,6 +5,10 @@ input size works: the position embedding is resampled to the input grid at every
 is not a multiple of the patch size is zero-padded on the right and bottom by timm's patch embedding (the
 token grid is then ``ceil(H / p) x ceil(W / p)`` and covers the padded image).
 
+The position-embedding grid is resampled with ``pos_embed_interp``: ``bicubic`` is the reference's (ToCo's
+``F.interpolate(..., mode="bicubic", align_corners=False)``, no antialiasing), ``timm`` is timm's own
+``resample_abs_pos_embed`` (bicubic with antialiasing, a different kernel even when upsampling).
+
 Pretrained weights are loaded into the plain timm model before the swap, so timm checkpoints load with
 strict key matching and the parameters a variant adds (GFSA weights, ContraNorm LayerNorms) keep their
 neutral initialisation.
@@ -13,6 +17,7 @@ neutral initialisation.
 from __future__ import annotations
 
 import socket
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +27,7 @@ from urllib.parse import urlparse
 
 import timm
 import torch
+from timm.layers import resample_abs_pos_embed
 from timm.models import clean_state_dict
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from torch import nn
@@ -31,6 +37,7 @@ from wsss.models.variants import get_variant
 
 __all__ = [
     "BackboneOutput",
+    "POS_EMBED_INTERP",
     "PretrainedUnavailableError",
     "ViTBackbone",
     "apply_attention_variant",
@@ -38,8 +45,39 @@ __all__ = [
     "create_vit",
     "load_timm_checkpoint",
     "require_vision_transformer",
+    "resample_pos_embed",
     "resolve_block_indices",
 ]
+
+
+POS_EMBED_INTERP = ("bicubic", "timm")
+"""How the position-embedding grid is resampled to the input's token grid (module docstring)."""
+
+
+def resample_pos_embed(vit: VisionTransformer, grid: Sequence[int], interp: str) -> torch.Tensor:
+    """``vit.pos_embed`` (1, prefix + h0*w0, D) resampled to the token grid ``grid`` (h, w), prefix tokens kept."""
+    return resample_abs_pos_embed(
+        vit.pos_embed,
+        new_size=list(grid),
+        old_size=list(vit.patch_embed.grid_size),
+        num_prefix_tokens=0 if vit.no_embed_class else vit.num_prefix_tokens,
+        antialias=interp == "timm",
+        align_corners=None if interp == "timm" else False,
+    )
+
+
+def _pos_embed_reference(vit: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
+    """timm's ``VisionTransformer._pos_embed`` for ``dynamic_img_size`` models, with the reference's resampling:
+    patch tokens ``x`` (B, h, w, D) -> (B, prefix + h*w, D) with the prefix tokens and the position embedding."""
+    b, h, w, d = x.shape
+    prefix = [t.expand(b, -1, -1) for t in (vit.cls_token, vit.reg_token) if t is not None]
+    x = x.reshape(b, h * w, d)
+    pos = resample_pos_embed(vit, (h, w), "bicubic")
+    if vit.no_embed_class:
+        x = torch.cat([*prefix, x + pos], dim=1)
+    else:
+        x = torch.cat([*prefix, x], dim=1) + pos
+    return vit.pos_drop(x)
 
 
 @dataclass
@@ -62,14 +100,21 @@ class ViTBackbone(nn.Module):
     NeuTRENO first-layer values holder, which it clears after every forward.
 
     Args:
-        vit: The timm model, attention variants already swapped in.
+        vit: The timm model (``dynamic_img_size=True``), attention variants already swapped in.
+        pos_embed_interp: One of :data:`POS_EMBED_INTERP`; ``bicubic`` replaces the model's ``_pos_embed`` with
+            the reference's resampling, ``timm`` leaves timm's.
     """
 
-    def __init__(self, vit: VisionTransformer) -> None:
+    def __init__(self, vit: VisionTransformer, pos_embed_interp: str = "timm") -> None:
         super().__init__()
         if not hasattr(vit, "forward_intermediates") or not hasattr(vit, "blocks"):
             raise TypeError(f"expected a timm VisionTransformer, got {type(vit).__name__}")
+        if pos_embed_interp not in POS_EMBED_INTERP:
+            raise ValueError(f"pos_embed_interp {pos_embed_interp!r}: valid: {', '.join(POS_EMBED_INTERP)}")
+        if pos_embed_interp == "bicubic" and vit.pos_embed is not None:
+            vit._pos_embed = types.MethodType(_pos_embed_reference, vit)
         self.vit = vit
+        self.pos_embed_interp = pos_embed_interp
         self.first_values: FirstValues | None = link_first_values(vit)
 
     @property
@@ -139,6 +184,7 @@ def build_backbone(
     drop_path_rate: float = 0.0,
     backbone_kwargs: Mapping[str, Any] | None = None,
     hub_timeout: float = 5.0,
+    pos_embed_interp: str = "timm",
 ) -> ViTBackbone:
     """Create the timm ViT, load its weights, swap in the attention variant.
 
@@ -153,10 +199,12 @@ def build_backbone(
         backbone_kwargs: Extra ``timm.create_model`` arguments (they override the defaults above).
         hub_timeout: Seconds to wait for the weights hub to answer before ``"hub"`` is taken as offline
             (:func:`create_vit`).
+        pos_embed_interp: Position-embedding resampling (:data:`POS_EMBED_INTERP`); ``timm``, timm's own, keeps
+            the backbone equal to timm's model at every size. The WSSS model takes ``model.pos_embed_interp``.
     """
     vit = create_vit(name, pretrained, drop_path_rate, backbone_kwargs, hub_timeout)
     apply_attention_variant(vit, attention, attention_blocks, **(attention_kwargs or {}))
-    return ViTBackbone(vit)
+    return ViTBackbone(vit, pos_embed_interp)
 
 
 class PretrainedUnavailableError(RuntimeError):

@@ -36,6 +36,7 @@ def build_model_backbone(cfg: ModelConfig) -> ViTBackbone:
         drop_path_rate=cfg.drop_path_rate,
         backbone_kwargs=cfg.backbone_kwargs,
         hub_timeout=cfg.hub_timeout,
+        pos_embed_interp=cfg.pos_embed_interp,
         **attention_args(cfg.attention),
     )
     if cfg.freeze_pos_embed and backbone.vit.pos_embed is not None:
