@@ -118,15 +118,15 @@ def regular_file_problem(path: str | Path) -> str | None:
     return f"not a regular file ({kind})"
 
 
-def read_image(path: str | Path, max_pixels: int = 0, budget_key: str = "data.max_image_pixels") -> np.ndarray:
+def read_image(path: str | Path, max_pixels: int = 0) -> np.ndarray:
     """Read any image as (H, W, 3) uint8 RGB, with its EXIF orientation applied.
 
     Grayscale, palette, RGBA (composited on black) and 16-bit images are converted.
 
     Args:
         path: The image file.
-        max_pixels: Refuse, before decoding, an image with more pixels than this (0: no cap).
-        budget_key: The config key of ``max_pixels``, named in the error.
+        max_pixels: Refuse, before decoding, an image with more pixels than this (0: no cap); the error names
+            ``data.max_image_pixels``, the config key every caller passes.
 
     Raises:
         ValueError: The file is missing, not a regular file, not an image, truncated, or over ``max_pixels``;
@@ -145,8 +145,8 @@ def read_image(path: str | Path, max_pixels: int = 0, budget_key: str = "data.ma
         with Image.open(path) as im:
             if max_pixels and im.width * im.height > max_pixels:
                 raise ValueError(
-                    f"{path}: {im.width}x{im.height} is {im.width * im.height:,} pixels, over {budget_key} = "
-                    f"{max_pixels:,}; downscale the image or raise {budget_key} (0: no cap)"
+                    f"{path}: {im.width}x{im.height} is {im.width * im.height:,} pixels, over data.max_image_pixels = "
+                    f"{max_pixels:,}; downscale the image or raise data.max_image_pixels (0: no cap)"
                 )
             im.load()
             im = ImageOps.exif_transpose(im)
