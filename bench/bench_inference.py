@@ -17,18 +17,26 @@ CRF pool: the dense CRF alone (C = number of classes of the first config, probab
 toy masks: 0.6 on the true class, the rest spread evenly; 10 iterations) over every image, serially in
 the calling process and in pools of 1..``--max-workers`` processes; speed-up = serial time / pool time.
 
+Ranks (``--nproc 1 2``): instead of the above, ``tools/infer.py --launcher pytorch`` under ``torchrun
+--standalone --nproc-per-node N`` (a subprocess per N, ``--workers 0``: decoding in each rank), each rank with
+``cpu_count // N`` torch threads on a CPU (the same cores shared out) or one GPU each; images/s = images / the
+slowest rank's loop time (``summary.json``), speed-up = images/s at N / images/s at 1, against the ideal N.
+
 Usage::
 
     python bench/bench_inference.py --num 8 --threads 2
     python bench/bench_inference.py --device cuda --num 64 --batch-size 4
+    python bench/bench_inference.py --nproc 1 2 --num 16 --modes single ms+flip
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,6 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-workers", type=int, default=2, help="largest CRF pool in the pool benchmark")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--nproc", type=int, nargs="+", help="time tools/infer.py under torchrun at these rank counts")
     return parser.parse_args(argv)
 
 
@@ -117,6 +126,39 @@ def bench_config(config: str, args: argparse.Namespace, images: Path, work: Path
     return rows
 
 
+def bench_ranks(config: str, args: argparse.Namespace, images: Path, work: Path) -> list[tuple[str, int, float]]:
+    """(mode, ranks, images/s) of ``tools/infer.py`` under torchrun for each ``--nproc`` count (best of repeats)."""
+    cfg = load_config(config, {"model.pretrained": ""})
+    classes = config_classes(cfg)
+    ckpt = work / f"{Path(config).stem}.pth"
+    mean, std = backbone_mean_std(cfg.model.backbone)
+    save_checkpoint(ckpt, build_model(cfg.model, num_classes=len(classes)), cfg, classes, mean, std, step=0)
+    repo = Path(__file__).resolve().parents[1]
+    rows = []
+    for mode in args.modes:
+        settings = MODES[mode]
+        flags = ["--scales", *map(str, settings["scales"]), "--flip" if settings["flip"] else "--no-flip"]
+        flags += ["--crf", "--crf-workers", str(args.crf_workers)] if settings["crf"] else []
+        for ranks in args.nproc:
+            threads = max(1, (os.cpu_count() or 1) // ranks) if args.device == "cpu" else 1
+            out = work / f"ranks_{Path(config).stem}_{mode}_{ranks}"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                   "tools/infer.py", str(ckpt), str(images), str(out), *flags, "--launcher", "pytorch", "--workers",
+                   "0", "--no-progress", "--overwrite", "--device", args.device, "--batch-size",
+                   str(args.batch_size), "--threads", str(threads)]  # fmt: skip
+            best = 0.0
+            for _ in range(args.repeats):
+                env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+                proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+                assert proc.returncode == 0, proc.stderr[-2000:]
+                summary = json.loads((out / "summary.json").read_text())
+                assert summary["done"] == args.num, summary
+                best = max(best, summary["images_per_s"])
+            rows.append((mode, ranks, best))
+            print(f"  {Path(config).name} {mode} {ranks} rank(s) x {threads} threads: {best:.3f} images/s", flush=True)
+    return rows
+
+
 def bench_pool(pairs: list[tuple[np.ndarray, np.ndarray]], max_workers: int) -> list[tuple[str, float]]:
     cfg = CrfConfig()
     tic = time.perf_counter()
@@ -146,6 +188,16 @@ def main(argv: list[str] | None = None) -> int:
         num_classes = len(config_classes(load_config(args.configs[0], {"model.pretrained": ""})))
         pairs = make_images(images, args.num, tuple(args.size), num_classes)
         print(f"{args.num} images {args.size[0]}x{args.size[1]}, batch size {args.batch_size}")
+        if args.nproc:
+            print("\n| config | mode | ranks | images/s | speed-up (ideal) |\n|---|---|---:|---:|---:|")
+            for config in args.configs:
+                rows = bench_ranks(config, args, images, tmp)
+                base = {mode: ips for mode, ranks, ips in rows if ranks == args.nproc[0]}
+                for mode, ranks, ips in rows:
+                    print(f"| {config} | {mode} | {ranks} | {ips:.3f} | {ips / base[mode]:.2f}x "
+                          f"({ranks / args.nproc[0]:.0f}x) |")  # fmt: skip
+            print(f"load average after: {os.getloadavg()[0]:.1f}")
+            return 0
         table = []
         for config in args.configs:
             table += [(config, *row) for row in bench_config(config, args, images, tmp)]

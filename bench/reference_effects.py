@@ -21,11 +21,11 @@ from wsss.cam import multiscale_cam
 from wsss.config import Config, DataConfig, load_config
 from wsss.data.transforms import TrainAugment, backbone_mean_std, denormalize
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
-from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
 from wsss.engine.validate import validate
 from wsss.evaluation.cam_eval import evaluate_cams
+from wsss.model_file import config_from_checkpoint, load_checkpoint
 from wsss.models import WSSSModel, build_model
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
 

@@ -227,13 +227,13 @@ def test_cfg_options_keep_spaces_and_parse_lists_numbers_bools_none():
 def no_training(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
     """The configs tools/train.py would train, without training."""
     seen: list[Config] = []
-    monkeypatch.setattr(train_cli, "train", lambda cfg, **kwargs: seen.append(cfg) or pytest.fail("trained"))
+    monkeypatch.setattr("wsss.engine.train.train", lambda cfg, **kwargs: seen.append(cfg) or pytest.fail("trained"))
     return seen
 
 
 def test_every_tool_keeps_a_path_with_spaces_as_typed(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(train_cli, "train", lambda cfg, **kwargs: seen.append(cfg) or SimpleNamespace(is_main=False))
+    monkeypatch.setattr("wsss.engine.train.train", lambda cfg, **kw: seen.append(cfg) or SimpleNamespace(is_main=False))
     cfg = tmp_path / "cfg.py"
     cfg.write_text("train = dict(max_iters=3)\n")
     train_cli.main([str(cfg), "--cfg-options", "data.root=/data/my set", "data.classes=[background, my cat]"])

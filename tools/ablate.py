@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from wsss.analysis.ablation import format_results, grid, run_grid
 from wsss.config import load_config, parse_cfg_options
 
 
@@ -24,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"))
     parser.add_argument("--cosine-images", type=int, default=32, help="val images for the cosine similarity")
     args = parser.parse_args(argv)
+
+    # after parsing: --help and usage errors come at once
+    from wsss.analysis.ablation import format_results, grid, run_grid
 
     try:
         cfg = load_config(args.config, parse_cfg_options(args.cfg_options))

@@ -12,7 +12,6 @@ import argparse
 import sys
 
 from wsss.config import load_config, parse_cfg_options
-from wsss.data.check import check_dataset
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+
+    # after parsing: --help and usage errors come at once
+    from wsss.data.check import check_dataset
+
     try:
         cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
         problems = check_dataset(cfg.data, progress=not args.no_progress)

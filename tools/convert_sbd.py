@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from wsss.data.sbd import convert_sbd
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -17,6 +15,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("voc_root", help="VOC2012 root (holds JPEGImages/, SegmentationClass/, ImageSets/)")
     parser.add_argument("--out-dir", default="SegmentationClassAug", help="mask folder to write under VOC_ROOT")
     args = parser.parse_args(argv)
+
+    # after parsing: --help and usage errors come at once
+    from wsss.data.sbd import convert_sbd
+
     try:
         counts = convert_sbd(args.sbd_root, args.voc_root, out_dir=args.out_dir)
     except (FileNotFoundError, ValueError) as err:

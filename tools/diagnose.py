@@ -23,17 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from wsss.analysis.diagnose import (
-    diagnose_folder,
-    model_from_checkpoint_file,
-    model_from_config,
-    model_from_timm,
-    plot_layers,
-    write_layers_csv,
-)
-from wsss.analysis.oversmoothing import RANK_THRESHOLD
+from wsss.analysis.constants import RANK_THRESHOLD
 
 
 def default_label(kind: str, source: str) -> str:
@@ -61,6 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", help="plot title (default: image count and token count)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+
+    # after parsing: --help and usage errors come at once
+    import torch
+
+    from wsss.analysis.diagnose import (
+        diagnose_folder,
+        model_from_checkpoint_file,
+        model_from_config,
+        model_from_timm,
+        plot_layers,
+        write_layers_csv,
+    )
 
     *checkpoints, images = args.paths
     sources = [("checkpoint", str(p)) for p in checkpoints] + (args.sources or [])

@@ -1,15 +1,26 @@
 """CAM and pseudo-label mIoU on a labelled split (the paper's Tables 3-4), labels from the ground-truth masks.
 
     python tools/eval_cams.py CHECKPOINT [--split train] [--aux] [--bg-thresholds 0.3:0.7:0.05] [--pseudo]
-        [--out DIR] [--data-root DIR] [--save-cams] [--save-pseudo] [--device cuda|cpu]
+        [--work-dir DIR] [--out DIR] [--data-root DIR] [--save-cams] [--save-pseudo] [--device cuda|cpu]
+        [--launcher none|pytorch]
 
+CHECKPOINT is a wsss checkpoint (.pth) or a tools/export.py --safetensors export: only the model is needed.
 CAMs at the checkpoint's cam.scales (with flips) of the final (or --aux) classifier are scored for every
 background threshold of the sweep; --pseudo also scores the pseudo labels twice: the dual-threshold + PAR
 labels on their certain pixels (the training loss's view; uncertain fraction reported), and single-threshold
 (cam.infer_bg_thresh) + PAR labels on every pixel (comparable with the paper's Table 3). The dataset is the
-one of the checkpoint's config (--data-root overrides its root). Writes DIR/cam_eval.json (default DIR:
-CHECKPOINT_DIR/cam_eval_SPLIT[_aux]); --save-cams writes DIR/cams/<id>.npy ((C-1, H, W) float16),
---save-pseudo DIR/pseudo/<id>.png.
+one of the checkpoint's config (--data-root overrides its root).
+
+Outputs (nothing is written beside the checkpoint, which may be read-only), all in one folder OUT:
+  OUT/cam_eval.json     the scores; --save-cams adds OUT/cams/<id>.npy ((C-1, H, W) float16), --save-pseudo
+                        OUT/pseudo/<id>.png
+  --out DIR             OUT itself; default: WORK_DIR/cam_eval_<checkpoint name>_<split>[_aux]
+  --work-dir DIR        WORK_DIR; default: work_dirs/<run name> in the current folder, the run name being the
+                        last part of the work dir the checkpoint was trained in (the config's name for configs/)
+
+Several GPUs or nodes: ``torchrun --nproc-per-node N tools/eval_cams.py CHECKPOINT ... --device cuda --launcher
+pytorch``. Each rank scores every N-th image (and saves its CAMs and pseudo labels), the confusion matrices are
+summed across ranks, and the scores equal one process's exactly; rank 0 alone prints and writes cam_eval.json.
 """
 
 from __future__ import annotations
@@ -18,25 +29,34 @@ import argparse
 import sys
 from pathlib import Path
 
-from wsss.evaluation.cam_eval import parse_thresholds, run_cam_eval
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("checkpoint", type=Path, help="a wsss checkpoint (.pth) or a --safetensors export")
     parser.add_argument("--split", default="train", help="split name or file (default: train)")
     parser.add_argument("--aux", action="store_true", help="score the auxiliary classifier's CAMs")
     parser.add_argument("--bg-thresholds", default="0.3:0.7:0.05", help="start:stop:step (stop included) or a,b,c")
     parser.add_argument("--pseudo", action="store_true", help="also score the pseudo labels")
-    parser.add_argument("--out", type=Path, help="output folder")
+    parser.add_argument("--work-dir", type=Path, help="the default output folder goes under it (see above)")
+    parser.add_argument("--out", type=Path, help="output folder (default: see above)")
     parser.add_argument("--data-root", type=Path, help="dataset root (default: data.root of the checkpoint)")
     parser.add_argument("--save-cams", action="store_true", help="export the CAMs as float16 .npy")
     parser.add_argument("--save-pseudo", action="store_true", help="export the pseudo labels as PNG (implies --pseudo)")
     parser.add_argument("--max-images", type=int, help="score only the first N images")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--launcher", choices=("none", "pytorch"), default="none", help="pytorch: under torchrun")
     args = parser.parse_args(argv)
 
+    # after parsing: --help and usage errors come at once
+    from wsss.evaluation.cam_eval import parse_thresholds, run_cam_eval
+    from wsss.utils.distributed import check_launcher, finish_distributed, rank_and_world
+
+    try:
+        check_launcher(args.launcher, "tools/eval_cams.py CKPT")
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         result, path = run_cam_eval(
             args.checkpoint,
@@ -51,12 +71,17 @@ def main(argv: list[str] | None = None) -> int:
             save_pseudo=args.save_pseudo,
             max_images=args.max_images,
             progress=not args.no_progress,
+            work_dir=args.work_dir,
         )
-    except (FileNotFoundError, ValueError) as err:
+        is_main = rank_and_world()[0] == 0
+    except (OSError, ValueError) as err:  # OSError: a missing file or an output not written, named
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(result.format())
-    print(f"wrote {path}")
+    finally:
+        finish_distributed()
+    if is_main:
+        print(result.format())
+        print(f"wrote {path}")
     return 0
 
 

@@ -5,7 +5,8 @@
 CHECKPOINT is a wsss checkpoint (.pth) or an earlier --safetensors export.
 
 --safetensors writes the model's tensors with the resolved config, classes, mean/std in the metadata (no
-optimiser state, no pickle); Segmenter.from_checkpoint and tools/infer.py read it like a checkpoint.
+optimiser state, no pickle); every tool that needs only the model reads it like a checkpoint (tools/infer.py,
+tools/test.py, tools/eval_cams.py, this tool's --onnx, Segmenter.from_checkpoint); resuming a run needs the .pth.
 --onnx writes the single-scale segmentation model: input 'image' (B, 3, H, W) float32 normalised with the
 mean/std in its metadata, outputs 'seg' (B, C, H, W) logits and 'cls' (B, C-1); B, H and W are dynamic.
 """
@@ -16,10 +17,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from wsss.engine.checkpoint import checked_model_config
-from wsss.inference.export import export_onnx, save_safetensors
-from wsss.inference.predictor import read_model_file
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.safetensors or args.onnx):
         parser.error("give --safetensors OUT and/or --onnx OUT")
+
+    from wsss.inference.export import export_onnx, save_safetensors
+    from wsss.model_file import checked_model_config, read_model_file
+
     try:
         ckpt = read_model_file(args.checkpoint)
         checked_model_config(ckpt, args.checkpoint)  # an export of a checkpoint no model can be rebuilt from is refused

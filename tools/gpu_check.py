@@ -15,7 +15,6 @@ import argparse
 import sys
 
 from wsss.config import ConfigError, load_config, parse_cfg_options
-from wsss.gpu_check import NoCudaError, gpu_check
 
 PARTS = ("device", "bench", "ddp")
 
@@ -27,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     args = parser.parse_args(argv)
+
+    # after parsing: --help and usage errors come at once
+    from wsss.gpu_check import NoCudaError, gpu_check
+
     try:
         cfg = load_config(args.config, {**parse_cfg_options(args.cfg_options), "model.pretrained": ""})
         report = gpu_check(args.config, cfg, args.out, tuple(args.parts))

@@ -1,24 +1,31 @@
-"""Predict segmentation masks for a folder of images (recursive) or a VOC split, from a checkpoint alone.
+"""Predict segmentation masks for an image, a folder of images (recursive), a list of images or a VOC split, from
+a checkpoint alone.
 
     python tools/infer.py CHECKPOINT INPUT [OUTPUT] [--scales 1.0 1.25 1.5] [--flip/--no-flip] [--crf]
-        [--overlay] [--cams] [--logits] [--gallery] [--split FILE] [--max-size PX] [--batch-size N] [--device cuda|cpu]
-        [--overwrite] [--follow-symlinks] [--cfg-options infer.KEY=VALUE ...]
+        [--overlay] [--cams] [--logits] [--gallery] [--split FILE | --list FILE] [--max-size PX] [--batch-size N]
+        [--device cuda|cpu] [--overwrite] [--follow-symlinks] [--cfg-options infer.KEY=VALUE ...]
+    torchrun --nproc-per-node N tools/infer.py CHECKPOINT INPUT OUTPUT ... --launcher pytorch
 
-INPUT is a folder (every image under it) or, with --split NAME|FILE, a VOC-layout root whose JPEGImages
-holds the split's images. OUTPUT defaults to INPUT_pred beside INPUT. Outputs mirror the input's relative
+INPUT is an image file, a folder (every image under it), with --list FILE a folder whose images FILE names (one
+path per line, relative to INPUT), or with --split NAME|FILE a VOC-layout root whose JPEGImages holds the split's
+images. OUTPUT defaults to INPUT_pred beside INPUT (photo.jpg -> photo_pred/). Outputs mirror the input's relative
 paths: masks/ (palette PNG, class indices), overlays/, cams/ (JPEG), logits/ (float16 .npy at 1/4 size),
-index.html (--gallery); see wsss/inference/runner.py for the layout. Re-running skips images whose outputs all
-exist (--overwrite redoes them). Symlinks that resolve outside INPUT are skipped by default (a link could expose
-any file the process can read); --follow-symlinks reads those that point to regular image files, e.g. a val
-folder of links into JPEGImages. Unreadable files and unsafe paths are skipped and listed in the summary;
-the exit status is still 0 (1 when no image could be processed). Scales, flip, max size and CRF constants
-default to the checkpoint's config (infer.*); --cfg-options overrides any infer.* value. The model sees every
-image with its longest side at most --max-size (default infer.max_size, 1024; 0: no cap), its mask comes back
-at full size. An OUTPUT where an output could land on an input (INPUT, or INPUT inside OUTPUT/masks/,
-OUTPUT/thumbs/, ...) is refused. SIGTERM stops the run within seconds, every finished image whole; a full disk
-stops it with one error naming the file (exit status 2), after writing summary.json where it can. It runs
-wsss.inference.predictor.Segmenter, the Python predictor; CHECKPOINT may also be a tools/export.py
---safetensors export.
+labels/ and image_labels.json (the classes present), index.html (--gallery); see wsss/inference/runner.py for the
+layout. The mask holds background and the classes the classifier finds present (infer.mask_classes=present; "all"
+is the reference's argmax over every class). Re-running skips images whose outputs all exist (--overwrite redoes
+them). Symlinks that resolve outside INPUT are skipped by default (a link could expose any file the process can
+read); --follow-symlinks reads those that point to regular image files, e.g. a val folder of links into
+JPEGImages. Unreadable files and unsafe paths are skipped and listed in the summary; the exit status is still 0
+(1 when no image could be processed). Scales, flip, max size and CRF constants default to the checkpoint's config
+(infer.*); --cfg-options overrides any infer.* value. The model sees every image with its longest side at most
+--max-size (default infer.max_size, 1024; 0: no cap), its mask comes back at full size. An OUTPUT where an output
+could land on an input (INPUT, or INPUT inside OUTPUT/masks/, OUTPUT/thumbs/, ...) is refused. SIGTERM stops the
+run within seconds, every finished image whole; a full disk stops it with one error naming the file (exit status
+2), after writing summary.json where it can. It runs wsss.inference.predictor.Segmenter, the Python predictor;
+CHECKPOINT may also be a tools/export.py --safetensors export. Under torchrun (--launcher pytorch, any number of
+nodes) each rank takes a deterministic share of the sorted images balanced by pixel count and writes its outputs
+as one process does; rank 0 then merges image_labels.json, summary.json, run.json and the gallery. A re-run, with
+the same or another number of ranks, skips finished images. OUTPUT must be on a file system every node sees.
 """
 
 from __future__ import annotations
@@ -27,32 +34,34 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from wsss.config import parse_cfg_options
-from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.utils.lifetime import exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("input", type=Path, help="image folder, or a VOC root with --split")
+    parser.add_argument("input", type=Path, help="an image, a folder of images, or a VOC root with --split")
     parser.add_argument("output", type=Path, nargs="?", help="output folder (default: INPUT_pred)")
-    parser.add_argument("--split", help="split name (ImageSets/Segmentation/NAME.txt) or split file")
+    listing = parser.add_mutually_exclusive_group()
+    listing.add_argument("--split", help="split name (ImageSets/Segmentation/NAME.txt) or split file")
+    listing.add_argument("--list", type=Path, metavar="FILE", help="text file of image paths under INPUT, one per line")
     parser.add_argument("--scales", type=float, nargs="+", help="TTA scales (default: the checkpoint's)")
     parser.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None, help="flip TTA")
     parser.add_argument("--crf", action="store_true", help="dense CRF post-processing (pydensecrf2)")
-    parser.add_argument("--crf-workers", type=int, help="CRF processes (default: infer.crf.workers)")
+    parser.add_argument("--crf-workers", type=int, help="CRF processes per rank (default: infer.crf.workers)")
     parser.add_argument("--overlay", action="store_true", help="write mask overlays (JPEG)")
     parser.add_argument("--cams", action="store_true", help="write CAM heatmaps of the predicted classes")
     parser.add_argument("--logits", action="store_true", help="write 1/4-size float16 logits (.npy)")
     parser.add_argument("--gallery", action="store_true", help="write index.html (implies --overlay --cams)")
     parser.add_argument("--max-size", type=int, help="longest side the model sees, 0: no cap (default: infer.max_size)")
     parser.add_argument("--batch-size", type=int, default=1, help="same-size images per forward batch")
-    parser.add_argument("--workers", type=int, default=2, help="image decoding processes")
-    default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    parser.add_argument("--device", default=default_device, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--workers", type=int, default=2, help="image decoding processes per rank")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")
+    parser.add_argument(
+        "--launcher", choices=("none", "pytorch"), default="none",
+        help="pytorch: one rank of `torchrun --nproc-per-node N` (each rank takes a share of the images balanced by "
+        "pixels and runs --workers decoders and --crf-workers CRF processes: the CPU budget per rank)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy machine)")
     parser.add_argument(
         "--cfg-options", nargs="+", metavar="infer.KEY=VALUE",
@@ -65,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="redo images whose outputs exist")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+
+    import torch  # after parsing: --help and usage errors come at once
+
+    from wsss.config import parse_cfg_options
+    from wsss.inference.runner import InferenceOptions, run_inference
+    from wsss.utils.distributed import check_launcher, finish_distributed, init_distributed
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -86,11 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         options.cfg_options = parse_cfg_options(args.cfg_options)
-        summary = run_inference(args.checkpoint, args.input, args.output, args.split, options, args.device)
-    except (OSError, ValueError, ImportError) as err:  # OSError: an output not written (a full disk), named
+        check_launcher(args.launcher, "tools/infer.py CKPT INPUT OUTPUT")
+        info = init_distributed(args.device)
+    except (ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(summary.format())
+    options.progress = options.progress and info.is_main
+    try:
+        summary = run_inference(args.checkpoint, args.input, args.output, args.split, options, info.device, args.list)
+    except (OSError, ValueError, ImportError) as err:  # OSError: an output not written (a full disk), named
+        print(f"error: {err}" if info.is_main or not info.enabled else f"error: [rank {info.rank}] {err}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    finally:
+        finish_distributed()
+    if info.is_main:
+        print(summary.format())
     return 1 if summary.skipped and not (summary.done or summary.existing) else 0
 
 

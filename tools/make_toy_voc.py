@@ -11,7 +11,6 @@ import argparse
 import sys
 import time
 
-from wsss.data.toy import make_toy_voc, save_contact_sheet, toy_voc_is_complete
 from wsss.data.toy_render import DEFAULT_TOY_VERSION, TOY_CLASSES, TOY_VERSIONS
 
 
@@ -40,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+
+    # after parsing: --help and usage errors come at once
+    from wsss.data.toy import make_toy_voc, save_contact_sheet, toy_voc_is_complete
+
     if args.num_train < 1 or args.num_val < 1:
         print(f"error: need --num-train and --num-val >= 1, got {args.num_train} and {args.num_val}")
         return 2

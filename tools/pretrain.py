@@ -12,12 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from wsss.config import ConfigError, load_config, parse_cfg_options
-from wsss.engine.optim import NonFiniteLossError
-from wsss.engine.pretrain import pretrain
-from wsss.models.backbone import PretrainedUnavailableError, require_vision_transformer
 from wsss.utils.lifetime import exit_on_sigterm
 
 
@@ -28,6 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     args = parser.parse_args(argv)
+
+    # after parsing: --help and usage errors come at once
+    import torch
+
+    from wsss.engine.optim import NonFiniteLossError
+    from wsss.engine.pretrain import pretrain
+    from wsss.models.backbone import PretrainedUnavailableError, require_vision_transformer
 
     try:
         cfg = load_config(args.config, parse_cfg_options(args.cfg_options))

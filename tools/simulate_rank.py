@@ -13,10 +13,7 @@ import argparse
 import sys
 import time
 
-import torch
-
-from wsss.analysis.oversmoothing import RANK_THRESHOLD
-from wsss.analysis.rank_simulation import ARCHS, INITS, parse_gammas, run_grid, write_outputs
+from wsss.analysis.constants import ARCHS, INITS, RANK_THRESHOLD
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,6 +43,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+
+    # after parsing: --help and usage errors come at once
+    import torch
+
+    from wsss.analysis.rank_simulation import parse_gammas, run_grid, write_outputs
+
     torch.set_num_threads(args.threads)
     gammas = parse_gammas(args.gammas)
     start = time.perf_counter()

@@ -1,13 +1,24 @@
 """Evaluate a checkpoint on the config's validation split, as mmseg's tools/test.py does.
 
-    python tools/test.py CONFIG CHECKPOINT [--out DIR] [--show-dir DIR] [--tta] [--cfg-options k=v ...]
-        [--device cuda|cpu]
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out DIR] [--show-dir DIR] [--tta]
+        [--cfg-options k=v ...] [--device cuda|cpu] [--launcher none|pytorch]
 
 CHECKPOINT is a wsss checkpoint (.pth) or a tools/export.py --safetensors export. The masks of data.val_split
-(under data.root) are predicted as tools/infer.py predicts them and scored against data.mask_dir with mmseg
-IoUMetric's keys (aAcc, mIoU, mAcc, per-class IoU). Predictions and metrics.json go to --out (default:
-test_<checkpoint name> beside the checkpoint); --show-dir writes them there together with mask overlays, CAMs and
-an index.html gallery. --tta uses infer.scales and infer.flip of the config.
+(under data.root) are predicted afresh as tools/infer.py predicts them and scored against data.mask_dir with mmseg
+IoUMetric's keys (aAcc, mIoU, mAcc, per-class IoU). The inference settings are those of CONFIG (infer.*, with
+--cfg-options); one scale without flip unless --tta, which uses infer.scales and infer.flip.
+
+Outputs (nothing is written beside the checkpoint, which may be read-only):
+  --work-dir DIR   metrics.json goes to DIR/test_<checkpoint name>[_tta]/, and so do the predicted masks
+                   (masks/<id>.png) unless --out or --show-dir is given; default DIR: work_dirs/<config name>
+                   (mmseg's ./work_dirs/<config stem>)
+  --out DIR        the predicted masks: DIR/masks/<id>.png (palette PNGs of class indices)
+  --show-dir DIR   the painted images: overlays/, CAMs (cams/), thumbnails, ground truth (gt/) and an index.html
+                   gallery, with the masks they show; with --out as well, the masks are also copied to --out
+
+Several GPUs or nodes: ``torchrun --nproc-per-node N tools/test.py CONFIG CHECKPOINT ... --launcher pytorch``.
+Each rank predicts its share of the images and scores every N-th mask, the confusion matrices are summed across
+ranks, and the metrics equal one process's exactly; rank 0 alone prints and writes metrics.json.
 """
 
 from __future__ import annotations
@@ -16,38 +27,52 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from wsss.config import ConfigError, load_config, parse_cfg_options
-from wsss.evaluation.metrics import format_table
-from wsss.evaluation.split_eval import evaluate_checkpoint
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="the config the checkpoint was trained with (it names the dataset)")
     parser.add_argument("checkpoint", type=Path, help="a wsss checkpoint (.pth) or a --safetensors export")
-    outputs = parser.add_mutually_exclusive_group()
-    outputs.add_argument("--out", type=Path, help="folder for the predicted masks and metrics.json")
-    outputs.add_argument("--show-dir", type=Path, help="as --out, with overlays, CAMs and index.html")
+    parser.add_argument("--work-dir", type=Path, help="metrics.json under DIR/test_<checkpoint name>[_tta]/")
+    parser.add_argument("--out", type=Path, help="folder for the predicted masks (DIR/masks/<id>.png)")
+    parser.add_argument("--show-dir", type=Path, help="folder for the painted images and index.html")
     parser.add_argument("--tta", action="store_true", help="multi-scale + flip (infer.scales, infer.flip)")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--launcher", choices=("none", "pytorch"), default="none", help="pytorch: under torchrun")
     args = parser.parse_args(argv)
 
-    output = args.show_dir or args.out or args.checkpoint.with_name(f"test_{args.checkpoint.stem}")
+    import torch  # after parsing: --help and usage errors come at once
+
+    from wsss.config import ConfigError, load_config, parse_cfg_options
+    from wsss.evaluation.metrics import format_table
+    from wsss.evaluation.split_eval import evaluate_checkpoint
+    from wsss.utils.distributed import check_launcher, finish_distributed, rank_and_world
+
+    try:
+        check_launcher(args.launcher, "tools/test.py CONFIG CKPT")
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    work_dir = args.work_dir or Path("work_dirs") / Path(args.config).stem
+    run_dir = work_dir / f"test_{args.checkpoint.stem}{'_tta' if args.tta else ''}"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
-        result = evaluate_checkpoint(cfg, args.checkpoint, output, tta=args.tta, show=args.show_dir is not None,
-                                     device=device)  # fmt: skip
-    except (ConfigError, FileNotFoundError, ValueError) as err:
+        result = evaluate_checkpoint(cfg, args.checkpoint, run_dir, out=args.out, show_dir=args.show_dir,
+                                     tta=args.tta, device=device)  # fmt: skip
+        is_main = rank_and_world()[0] == 0
+    except (ConfigError, OSError, ValueError) as err:  # OSError: a missing file or an output not written, named
         print(f"error: {err}", file=sys.stderr)
         return 2
+    finally:
+        finish_distributed()
+    if not is_main:
+        return 0
     print(result.inference.format())
     print(format_table(result.metrics))
     print("  ".join(f"{k} {v:.2f}" for k, v in result.metrics.summary.items()))
-    print(f"wrote {result.metrics_file}")
+    print(f"wrote {result.metrics_file}, masks in {result.masks}" + (f", {result.gallery}" if result.gallery else ""))
     return 0
 
 

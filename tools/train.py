@@ -19,11 +19,6 @@ import argparse
 import sys
 
 from wsss.config import ConfigError, load_config, parse_cfg_options
-from wsss.engine.checkpoint import NonFiniteWeightsError
-from wsss.engine.distributed import check_launcher
-from wsss.engine.optim import NonFiniteLossError
-from wsss.engine.train import train
-from wsss.models.backbone import PretrainedUnavailableError, require_vision_transformer
 from wsss.utils.lifetime import exit_on_sigterm
 
 
@@ -51,6 +46,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.resume and args.overwrite:
         parser.error("--resume and --overwrite exclude each other")
+
+    # after parsing: --help and usage errors come at once
+    from wsss.engine.checkpoint import NonFiniteWeightsError
+    from wsss.engine.optim import NonFiniteLossError
+    from wsss.engine.train import train
+    from wsss.models.backbone import PretrainedUnavailableError, require_vision_transformer
+    from wsss.utils.distributed import check_launcher
+
     try:
         check_launcher(args.launcher)
         options = parse_cfg_options(args.cfg_options)

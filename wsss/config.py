@@ -181,6 +181,12 @@ class ModelConfig:
     :data:`BACKBONE_KWARGS`."""
     pretrained: str = "hub"
     """``""`` (random init), ``hub`` (timm's default weights), ``hub:<tag>``, or a checkpoint file path."""
+    load_from: str = ""
+    """A wsss checkpoint (``.pth``) or export (``.safetensors``) whose weights a new run starts from (mmseg's
+    ``load_from``, timm's ``--initial-checkpoint``); not its optimiser, schedule or iteration. With the same classes
+    every weight is kept; with other classes the class heads (:data:`wsss.models.builder.CLASS_HEADS`) start afresh.
+    The file holds every backbone weight, so ``pretrained`` is then not fetched; a resumed run ignores it (its own
+    checkpoint holds every weight). ``""``: off."""
     hub_timeout: float = 5.0
     """Seconds to wait for the weights hub before ``hub`` is taken as offline (then only a cached copy loads)."""
     drop_path_rate: float = 0.0
@@ -375,7 +381,13 @@ class InferConfig:
     scales: tuple[float, ...] = (1.0, 1.25, 1.5)
     flip: bool = True
     cls_thresh: float = 0.5
-    """A class counts as present (its CAM is drawn) when its classifier sigmoid exceeds this."""
+    """A class counts as present (its CAM is drawn) when its classifier sigmoid exceeds this; when none does, the
+    most probable class counts as present (the top-1 rule)."""
+    mask_classes: str = choice("present", "all")
+    """Which classes the mask may hold: ``present``, background and the classes present by ``cls_thresh`` and the
+    top-1 rule (the argmax, and the CRF, run over those alone), so the mask, the CAMs shown and the image's
+    ``present`` classes agree; ``all``, every class (the reference: ToCo's inference takes the argmax over all).
+    Measured in docs/reference.md row 18: restricting raises the toy val mIoU."""
     logits_stride: int = 4
     """Saved logits (``--logits``) are downscaled by this factor (> 0)."""
     max_size: int | None = 1024
@@ -385,8 +397,9 @@ class InferConfig:
     tokens: a 12000 x 12000 PNG (140 KB, under PIL's bomb limit) at its own size ran over 10 minutes at 6.3 GB and
     SIGTERM could not stop the op that ran; capped, it took 19 s on 2 CPU cores and SIGTERM ended it in 2 s. At
     1024 the largest default TTA scale 1.5 gives a DeiT-S/16 at most 96 x 96 tokens (an op takes seconds on a CPU),
-    while VOC (500 px), COCO (640 px) and the 448 px training crops keep their own size. The full-size logits of
-    the mask still take 4 bytes per class and pixel."""
+    while VOC (500 px), COCO (640 px) and the 448 px training crops keep their own size. The outputs come back to
+    full size in bands of ``max_size**2`` pixels, so no full-size float map is held (docs/benchmarks.md: that PNG
+    peaks at 1.8 GB RSS, 6.2 GB before)."""
     crf: CrfConfig = field(default_factory=CrfConfig)
 
     def __post_init__(self) -> None:

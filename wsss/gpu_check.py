@@ -34,11 +34,11 @@ import torch
 from wsss import energy_kernel
 from wsss.config import Config, GpuCheckConfig
 from wsss.data.transforms import backbone_mean_std
-from wsss.engine.checkpoint import load_checkpoint
 from wsss.engine.step import TrainingStep
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.inference.predictor import Segmenter
 from wsss.losses import gaussian_filter_dense
+from wsss.model_file import load_checkpoint
 from wsss.models import build_backbone, build_model
 from wsss.models.backbone import create_vit
 from wsss.utils.fileio import atomic_write_text

@@ -69,6 +69,46 @@ def _present_keys(labels: Tensor, max_present: int | None) -> Tensor:
 
 
 @torch.no_grad()
+def refine_cam_stacks(
+    images: Tensor,
+    cams: Tensor,
+    labels: Tensor,
+    bg_values: Sequence[float],
+    par: PAR,
+    scale: float,
+    max_present: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The PAR-refined score stacks, one per constant background value, before the argmax of
+    :func:`refine_cams_with_par` (its arguments).
+
+    Returns:
+        ``(len(bg_values), B, K, H, W)`` float32 refined scores (a view; each pixel's K values sum to
+        ``(1 + par.w2) ** par.num_iter``, padding channels hold 0) and the ``(B, K)`` class of each channel: 0
+        (background), ``k + 1`` for the present classes ``k`` in ascending order, -1 for padding.
+    """
+    b, _, h, w = cams.shape
+    size = (int(scale * h), int(scale * w))
+    small_images = F.interpolate(images.float(), size=size, mode="bilinear", align_corners=False)
+    small_cams = F.interpolate(cams.float(), size=size, mode="bilinear", align_corners=False)
+
+    keys = _present_keys(labels, max_present)  # (B, K)
+    k = keys.shape[1]
+    valid = keys >= 0
+    gathered = torch.gather(
+        small_cams, 1, (keys - 1).clamp(min=0)[:, :, None, None].expand(b, k, *size)
+    )  # (B, K, h', w'); channel 0 and padding are overwritten below
+    stacks = []
+    for value in bg_values:
+        stack = gathered.clone()
+        stack[:, 0] = value
+        stack = stack.masked_fill(~valid[:, :, None, None], float("-inf"))
+        stacks.append(stack.softmax(dim=1))
+    refined = par(small_images, torch.cat(stacks, dim=1))
+    refined = F.interpolate(refined, size=(h, w), mode="bilinear", align_corners=False)
+    return refined.view(b, len(bg_values), k, h, w).transpose(0, 1), keys
+
+
+@torch.no_grad()
 def refine_cams_with_par(
     images: Tensor,
     cams: Tensor,
@@ -94,30 +134,11 @@ def refine_cams_with_par(
     Returns:
         Long label maps ``(len(bg_values), B, H, W)``, 0 = background, ``k + 1`` = class ``k``.
     """
-    b, _, h, w = cams.shape
-    size = (int(scale * h), int(scale * w))
-    small_images = F.interpolate(images.float(), size=size, mode="bilinear", align_corners=False)
-    small_cams = F.interpolate(cams.float(), size=size, mode="bilinear", align_corners=False)
-
-    keys = _present_keys(labels, max_present)  # (B, K)
-    k = keys.shape[1]
-    valid = keys >= 0
-    gathered = torch.gather(
-        small_cams, 1, (keys - 1).clamp(min=0)[:, :, None, None].expand(b, k, *size)
-    )  # (B, K, h', w'); channel 0 and padding are overwritten below
-    stacks = []
-    for value in bg_values:
-        stack = gathered.clone()
-        stack[:, 0] = value
-        stack = stack.masked_fill(~valid[:, :, None, None], float("-inf"))
-        stacks.append(stack.softmax(dim=1))
-    refined = par(small_images, torch.cat(stacks, dim=1))
-    refined = F.interpolate(refined, size=(h, w), mode="bilinear", align_corners=False)
-    out = []
-    for i in range(len(bg_values)):
-        probs = refined[:, i * k : (i + 1) * k].masked_fill(~valid[:, :, None, None], float("-inf"))
-        out.append(torch.gather(keys, 1, probs.argmax(dim=1).flatten(1)).view(b, h, w))
-    return torch.stack(out)
+    scores, keys = refine_cam_stacks(images, cams, labels, bg_values, par, scale, max_present)
+    b, h, w = scores.shape[1], *scores.shape[-2:]
+    padding = (keys < 0)[:, :, None, None]
+    out = [torch.gather(keys, 1, s.masked_fill(padding, float("-inf")).argmax(dim=1).flatten(1)) for s in scores]
+    return torch.stack(out).view(len(out), b, h, w)
 
 
 @torch.no_grad()

@@ -15,10 +15,7 @@ from tests.engine.test_crafted_checkpoint import craft
 from wsss.engine.checkpoint import (
     LAST_CHECKPOINT,
     NonFiniteWeightsError,
-    checksum_path,
-    load_checkpoint,
     load_resume_checkpoint,
-    model_from_checkpoint,
     save_checkpoint,
 )
 from wsss.engine.optim import build_optimizer
@@ -26,7 +23,8 @@ from wsss.engine.resume import find_checkpoint, restore_training_state
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.train import train
 from wsss.inference.export import save_safetensors
-from wsss.inference.predictor import Segmenter, read_model_file
+from wsss.inference.predictor import Segmenter
+from wsss.model_file import checksum_path, load_checkpoint, model_from_checkpoint, read_model_file
 from wsss.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -21,13 +21,14 @@ from wsss import losses
 from wsss.config import Config
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import val_dataset
-from wsss.engine.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from wsss.engine.checkpoint import save_checkpoint
 from wsss.engine.optim import NonFiniteGuard, NonFiniteLossError, build_optimizer
 from wsss.engine.resume import restore_training_state
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
 from wsss.engine.train import LossMeter, iteration, to_device
 from wsss.engine.validate import validate
+from wsss.model_file import load_checkpoint, model_from_checkpoint
 from wsss.models import WSSSModel, build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, tiny_tagged_config
 from wsss.engine.checkpoint import LAST_CHECKPOINT
 from wsss.engine.logger import chance_warning, start_summary
 from wsss.engine.train import train
@@ -49,6 +49,23 @@ def test_work_dir_log_scalars_and_tensorboard(tiny_voc, tmp_path):
         tags["scalars"]
     )
     assert {"val/b1", "val/b2"} <= set(tags["images"])
+
+
+def test_tag_only_run_logs_each_class_ap(tiny_tagged, tmp_path):
+    """A val set without masks: mAP, F1 and each class's AP in log.txt, scalars.jsonl and TensorBoard, as pre-training
+    reports them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_tagged_config(tiny_tagged, max_iters=2, val_interval=2)
+    metrics = train(cfg, work_dir=tmp_path, device="cpu").val.metrics
+    assert {"AP_cat", "AP_dog"} <= metrics.keys()
+    last = read_rows(tmp_path)[-1]
+    expected = {"val/cls_mAP": metrics["cls_mAP"], "val/cls_F1": metrics["cls_F1"],
+                "val_AP/cat": metrics["AP_cat"], "val_AP/dog": metrics["AP_dog"]}  # fmt: skip
+    assert {k: last[k] for k in expected} == pytest.approx(expected)
+    log = (tmp_path / "log.txt").read_text()
+    assert f"AP_cat {metrics['AP_cat']:.2f}  AP_dog {metrics['AP_dog']:.2f}" in log, log
+    assert set(expected) <= set(EventAccumulator(str(tmp_path / "tb")).Reload().Tags()["scalars"])
 
 
 def test_resume_keeps_one_line_per_step(tiny_voc, tmp_path):

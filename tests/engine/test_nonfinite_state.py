@@ -14,7 +14,6 @@ from wsss.config import OptimConfig
 from wsss.engine.checkpoint import (
     LAST_CHECKPOINT,
     NonFiniteWeightsError,
-    checksum_path,
     load_resume_checkpoint,
     save_checkpoint,
 )
@@ -22,6 +21,7 @@ from wsss.engine.optim import NonFiniteGuard, NonFiniteLossError, build_optimize
 from wsss.engine.resume import find_checkpoint
 from wsss.engine.step import TrainingStep
 from wsss.engine.train import train
+from wsss.model_file import checksum_path
 from wsss.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,11 +12,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.conftest import tiny_config
 from wsss.config import OptimConfig
 from wsss.data.transforms import backbone_mean_std
-from wsss.engine.checkpoint import load_checkpoint
 from wsss.engine.optim import NonFiniteGuard, NonFiniteLossError, build_optimizer
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
 from wsss.engine.train import LossMeter, iteration, to_device, train
+from wsss.model_file import load_checkpoint
 from wsss.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,10 +17,11 @@ from tests.conftest import tiny_config
 from tools import train as train_cli
 from wsss.config import dump_config
 from wsss.data.labels import labels_from_masks, save_labels
-from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
+from wsss.engine.checkpoint import LAST_CHECKPOINT
 from wsss.engine.resume import config_changes, restore_training_state
 from wsss.engine.schedule import PolyWarmupScheduler, lr_factor
 from wsss.engine.train import train
+from wsss.model_file import load_checkpoint
 from wsss.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -18,9 +18,10 @@ import torch
 from tests.conftest import tiny_config
 from tools import train as train_cli
 from wsss.config import dump_config
-from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
+from wsss.engine.checkpoint import LAST_CHECKPOINT
 from wsss.engine.optim import NonFiniteLossError
 from wsss.engine.train import train
+from wsss.model_file import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,7 +65,7 @@ def test_checkpoint_is_self_describing(tiny_voc, tmp_path):
     assert len(ckpt["mean"]) == 3 and ckpt["git_commit"]
     assert not any(k.startswith("module.") for k in ckpt["model"])
     assert (tmp_path / "w" / LAST_CHECKPOINT).read_text().strip() == "iter_3.pth"
-    from wsss.engine.checkpoint import model_from_checkpoint
+    from wsss.model_file import model_from_checkpoint
 
     model, _ = model_from_checkpoint(res.checkpoint)
     x = torch.randn(1, 3, 40, 48)

@@ -22,7 +22,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
         seen.append(cfg)
         return TrainResult(work_dir=Path("w"), checkpoint=None, step=0, model=None)
 
-    monkeypatch.setattr(train_cli, "train", fake_train)
+    monkeypatch.setattr("wsss.engine.train.train", fake_train)  # tools/train.py imports it after parsing
     return seen
 
 

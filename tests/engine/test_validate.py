@@ -89,7 +89,7 @@ def test_validation_input_size(tiny_voc, mode):
 
 @pytest.mark.parametrize("mode", ["crop", "original"])
 def test_tag_only_validation_scores_the_classifier(tiny_tagged, mode):
-    """No masks: mAP and F1 of the classifier's sigmoid against the tags, the note, and the pictures."""
+    """No masks: mAP, F1 and each class's AP of the classifier's sigmoid against the tags, the note, the pictures."""
     cfg = tiny_tagged_config(tiny_tagged)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, val_input=mode))
     mean, std = backbone_mean_std(cfg.model.backbone)
@@ -106,9 +106,9 @@ def test_tag_only_validation_scores_the_classifier(tiny_tagged, mode):
             probs.append(model(x).logits.sigmoid()[0].numpy())
             targets.append(dataset[i]["label"].numpy())
     res = validate(model, dataset, cfg, torch.device("cpu"), num_pictures=2)
-    expected = multilabel_scores(np.stack(probs), np.stack(targets), cfg.infer.cls_thresh)
+    expected = multilabel_scores(np.stack(probs), np.stack(targets), cfg.infer.cls_thresh, names=["cat", "dog"])
     assert res.metrics == pytest.approx(expected)
-    assert set(res.metrics) == {"cls_mAP", "cls_F1"} and not res.tables
+    assert set(res.metrics) == {"cls_mAP", "cls_F1", "AP_cat", "AP_dog"} and not res.tables  # per class, as pretrain
     assert res.notes == [MASKS_NEEDED] and "mIoU needs masks" in MASKS_NEEDED
     first = dataset[0]["raw"]
     assert list(res.pictures) == dataset.ids[:2]

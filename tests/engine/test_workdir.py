@@ -13,9 +13,10 @@ import pytest
 from tests.conftest import tiny_config, tiny_tagged_config
 from tools import train as train_cli
 from wsss.config import dump_config
-from wsss.engine.checkpoint import LAST_CHECKPOINT, load_checkpoint
+from wsss.engine.checkpoint import LAST_CHECKPOINT
 from wsss.engine.train import train
 from wsss.engine.workdir import LOCK_FILE, WorkDirError, claim_work_dir
+from wsss.model_file import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -61,6 +61,7 @@ def random_checkpoint(tiny_voc, tmp_path):
     """A checkpoint of an untrained tiny model whose config names a data root that does not exist."""
     cfg = tiny_config(tiny_voc)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, root=str(tmp_path / "moved")))
+    cfg.work_dir = str(tmp_path / "elsewhere" / "tiny_run")  # where it was trained: its name names the work dir
     torch.manual_seed(3)
     model = build_model(cfg.model, num_classes=3)
     mean, std = backbone_mean_std(cfg.model.backbone)
@@ -127,13 +128,29 @@ def test_sweep_and_pseudo_labels_match_reference(tiny_voc, random_checkpoint, tm
     assert report["num_images"] == 3 and report["classifier"] == "final" and report["split"] == "train"
 
 
-def test_aux_classifier_and_errors(tiny_voc, random_checkpoint, tmp_path, capsys):
+def folder_state(folder):
+    """Every file under ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def test_aux_classifier_and_errors_under_the_work_dir(tiny_voc, random_checkpoint, tmp_path, monkeypatch, capsys):
     path, *_ = random_checkpoint
     common = ["--bg-thresholds", "0.5", "--data-root", str(tiny_voc), "--no-progress"]
-    assert eval_cams_cli.main([str(path), *common]) == 0
-    assert eval_cams_cli.main([str(path), "--aux", *common]) == 0
-    final = json.loads((path.parent / "cam_eval_train" / "cam_eval.json").read_text())
-    aux = json.loads((path.parent / "cam_eval_train_aux" / "cam_eval.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    before = folder_state(path.parent)
+    path.parent.chmod(0o555)  # read-only (root writes anyway: the file listing below is what is checked)
+    try:
+        assert eval_cams_cli.main([str(path), *common]) == 0
+        assert eval_cams_cli.main([str(path), "--aux", *common]) == 0
+        assert eval_cams_cli.main([str(path), "--work-dir", str(tmp_path / "w"), *common]) == 0
+    finally:
+        path.parent.chmod(0o755)
+    assert folder_state(path.parent) == before
+    work = tmp_path / "work_dirs" / "tiny_run"  # work_dirs/<name of the run that trained the checkpoint>
+    assert sorted(p.name for p in work.iterdir()) == ["cam_eval_iter_0_train", "cam_eval_iter_0_train_aux"]
+    final = json.loads((work / "cam_eval_iter_0_train" / "cam_eval.json").read_text())
+    aux = json.loads((work / "cam_eval_iter_0_train_aux" / "cam_eval.json").read_text())
+    assert (tmp_path / "w" / "cam_eval_iter_0_train" / "cam_eval.json").is_file()
     assert aux["classifier"] == "aux" and final["classifier"] == "final"
     assert aux["cam_sweep"][0]["mIoU"] != final["cam_sweep"][0]["mIoU"]
     assert "pseudo_certain_pixels" not in final and "pseudo_every_pixel" not in final

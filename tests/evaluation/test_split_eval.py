@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 
 from tests.conftest import tiny_config
 from tools import test as test_cli
 from wsss.config import dump_config
-from wsss.data.transforms import normalize
-from wsss.engine.checkpoint import model_from_checkpoint
 from wsss.engine.train import train
 from wsss.evaluation.metrics import ConfusionMatrix
-from wsss.models.tta import tta_forward
-from wsss.utils.fileio import read_image, read_mask
+from wsss.inference.predictor import Segmenter
+from wsss.utils.fileio import read_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,46 +29,86 @@ def trained(tiny_voc: Path, tmp_path: Path) -> tuple[Path, Path]:
     return cfg_file, train(cfg, work_dir=tmp_path / "work", device="cpu").checkpoint
 
 
-def test_scores_the_val_split_at_one_scale(trained, tiny_voc, capsys):
+def folder_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def test_scores_the_val_split_at_one_scale_under_the_work_dir(trained, tiny_voc, tmp_path, monkeypatch, capsys):
     cfg_file, ckpt = trained
-    assert test_cli.main([str(cfg_file), str(ckpt), "--device", "cpu"]) == 0
-    out = ckpt.with_name(f"test_{ckpt.stem}")
+    monkeypatch.chdir(tmp_path)
+    before = folder_state(ckpt.parent)
+    ckpt.parent.chmod(0o555)  # read-only (root writes anyway: the file listing below is what is checked)
+    try:
+        assert test_cli.main([str(cfg_file), str(ckpt), "--device", "cpu"]) == 0
+        assert test_cli.main([str(cfg_file), str(ckpt), "--device", "cpu", "--work-dir", str(tmp_path / "w")]) == 0
+    finally:
+        ckpt.parent.chmod(0o755)
+    assert folder_state(ckpt.parent) == before
+    out = tmp_path / "work_dirs" / cfg_file.stem / f"test_{ckpt.stem}"  # mmseg's default work dir
+    assert (tmp_path / "w" / f"test_{ckpt.stem}" / "metrics.json").is_file()
     assert "mIoU" in capsys.readouterr().out
     assert sorted(p.name for p in (out / "masks").iterdir()) == ["b1.png", "b2.png"]
     assert not (out / "overlays").exists() and not (out / "index.html").exists()
-    # the same numbers from the model run by hand: one scale, no flip, argmax
-    model, ckpt_data = model_from_checkpoint(ckpt)
+    # the same masks as the predictor's at one scale without flip, scored by hand
+    segmenter = Segmenter.from_checkpoint(ckpt, "cpu")
     cm = ConfusionMatrix(3)
     for image_id in ("b1", "b2"):
-        image = normalize(read_image(tiny_voc / "JPEGImages" / f"{image_id}.jpg"), ckpt_data["mean"], ckpt_data["std"])
-        with torch.no_grad():
-            seg = tta_forward(model, image[None], scales=(1.0,), flip=False).seg
+        predicted = segmenter(tiny_voc / "JPEGImages" / f"{image_id}.jpg", scales=(1.0,), flip=False).mask
         pred = read_mask(out / "masks" / f"{image_id}.png")
-        assert torch.equal(seg.argmax(1)[0].byte(), torch.from_numpy(pred))
+        np.testing.assert_array_equal(pred, predicted)
         cm.update(pred, read_mask(tiny_voc / "SegmentationClass" / f"{image_id}.png"))
     expected = cm.compute(["mIoU"], class_names=["background", "cat", "dog"])
     written = json.loads((out / "metrics.json").read_text())
     assert written["mIoU"] == expected.summary["mIoU"] and written["tta"] is False
+    assert written["predictions"] == str(out.relative_to(tmp_path) / "masks")  # as named: relative to the cwd
     run = json.loads((out / "run.json").read_text())
     assert run["scales"] == [1.0] and run["flip"] is False
 
 
-def test_show_dir_and_tta(trained, tmp_path):
+def test_the_configs_inference_settings_govern(trained, tmp_path):
     cfg_file, ckpt = trained
     show = tmp_path / "show"
-    assert test_cli.main([str(cfg_file), str(ckpt), "--show-dir", str(show), "--tta", "--device", "cpu"]) == 0
+    args = [str(cfg_file), str(ckpt), "--show-dir", str(show), "--work-dir", str(tmp_path / "w"), "--device", "cpu"]
+    assert test_cli.main([*args, "--cfg-options", "infer.max_size=16"]) == 0
+    assert json.loads((show / "run.json").read_text())["max_size"] == 16
+
+
+def test_out_and_show_dir_together_with_tta(trained, tmp_path):
+    cfg_file, ckpt = trained
+    out, show, work = tmp_path / "out", tmp_path / "show", tmp_path / "w"
+    args = [str(cfg_file), str(ckpt), "--out", str(out), "--show-dir", str(show), "--work-dir", str(work), "--tta"]
+    assert test_cli.main([*args, "--device", "cpu"]) == 0
+    # --show-dir: the painted images and their gallery; --out: the predicted masks; the work dir: the scores
     assert (show / "index.html").is_file() and (show / "overlays" / "b1.jpg").is_file()
+    assert sorted(p.name for p in (out / "masks").iterdir()) == ["b1.png", "b2.png"]
+    for image_id in ("b1", "b2"):
+        assert (out / "masks" / f"{image_id}.png").read_bytes() == (show / "masks" / f"{image_id}.png").read_bytes()
+    assert not (out / "overlays").exists() and not (out / "index.html").exists()
     run = json.loads((show / "run.json").read_text())
     assert run["scales"] == [1.0, 0.5] and run["flip"] is True
-    assert json.loads((show / "metrics.json").read_text())["tta"] is True
-    with pytest.raises(SystemExit):
-        test_cli.main([str(cfg_file), str(ckpt), "--show-dir", str(show), "--out", str(show)])
+    metrics = json.loads((work / f"test_{ckpt.stem}_tta" / "metrics.json").read_text())
+    assert metrics["tta"] is True and metrics["predictions"] == str(out / "masks")
+    assert sorted(p.name for p in work.iterdir()) == [f"test_{ckpt.stem}_tta"]
+
+
+def test_a_second_run_predicts_again(trained, tmp_path):
+    """Masks left by a run with other settings are never scored: the TTA run after a single-scale run in the same
+    folder predicts every image again."""
+    cfg_file, ckpt = trained
+    args = [str(cfg_file), str(ckpt), "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "w")]
+    args += ["--device", "cpu"]
+    assert test_cli.main(args) == 0
+    assert test_cli.main([*args, "--tta"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["done"] == 2 and summary["existing"] == 0
 
 
 def test_refuses_a_config_of_other_classes(trained, tmp_path, capsys):
     cfg_file, ckpt = trained
-    args = [str(cfg_file), str(ckpt), "--out", str(tmp_path / "o"), "--cfg-options", "data.classes=[bg,x,y]"]
+    args = [str(cfg_file), str(ckpt), "--out", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w"),
+            "--cfg-options", "data.classes=[bg,x,y]"]  # fmt: skip
     assert test_cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "trained on classes ['background', 'cat', 'dog']" in err
-    assert not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tools import export as export_cli
-from wsss.engine.checkpoint import load_checkpoint, model_from_checkpoint
-from wsss.inference.export import SegmentationExport, load_safetensors
+from wsss.inference.export import SegmentationExport
 from wsss.inference.predictor import Segmenter
+from wsss.model_file import load_checkpoint, load_safetensors, model_from_checkpoint
 from wsss.models.tta import tta_forward
 from wsss.utils import fileio
 from wsss.utils.fileio import read_image

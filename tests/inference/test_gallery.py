@@ -1,66 +1,163 @@
-"""The HTML gallery of an inference run: escaping, the colour legend, the ground-truth column."""
+"""The HTML gallery of an inference run: escaping, the plain mask column in the legend's colours, one captioned CAM
+thumbnail per present class, the ground-truth column, a layout that fits 1400 px, and the files a run leaves."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
+import pytest
+import torch
+from PIL import Image
 
 from tests.inference.test_runner import trained  # noqa: F401  (the module-scoped fixture)
 from tools import infer as infer_cli
 from wsss.data.classes import voc_palette
-from wsss.inference.gallery import find_ground_truth, write_gallery
-from wsss.utils.fileio import read_image, save_image, save_mask
+from wsss.data.toy_render import TOY_CLASSES
+from wsss.inference.gallery import class_cam_paths, find_ground_truth, present_indices, write_class_cams, write_gallery
+from wsss.inference.sources import check_output_folder
+from wsss.utils.fileio import read_mask, save_image, save_mask
+
+CLASSES = ["background", "c1", "c2", "c3"]
+
+
+def fake_run(out, rels, masks, present, scores=None, thumb_scale=2):
+    """An output folder as ``run_inference --gallery`` leaves it: masks (palette PNG), thumbnails and full-size
+    pictures (grey), one CAM thumbnail per present class (``class_cams/<stem>/<index>.jpg``) and the labels
+    entries (returned) with the probabilities ``scores`` (default 0.9 for each present class)."""
+    labels = {}
+    for rel, mask in zip(rels, masks, strict=True):
+        stem = rel.rsplit(".", 1)[0]
+        h, w = mask.shape
+        thumb = np.full((h // thumb_scale, w // thumb_scale, 3), 100, np.uint8)
+        save_image(out / "thumbs" / f"{stem}.jpg", thumb)
+        for kind in ("overlays", "cams"):
+            save_image(out / kind / f"{stem}.jpg", np.full((h, w, 3), 100, np.uint8))
+        for k in present[rel]:
+            save_image(out / "class_cams" / stem / f"{k}.jpg", thumb)
+        save_mask(out / "masks" / f"{stem}.png", mask, voc_palette())
+        probs = (scores or {}).get(rel, {CLASSES[k]: 0.9 for k in present[rel]})
+        labels[rel] = {"present": [CLASSES[k] for k in present[rel]], "top1_fallback": False, "scores": probs}
+    return labels
+
+
+def two_class_mask(h=20, w=40, left=1, right=2):
+    mask = np.zeros((h, w), np.uint8)
+    mask[:, : w // 2 - 2] = left
+    mask[:, w // 2 + 2 :] = right
+    return mask
+
+
+def rows_of(page):
+    """{image name: its row's HTML} (one line per image)."""
+    rows = [line for line in page.splitlines() if line.startswith('<div class="row">')]
+    return {re.search(r'<div class="name">(.*?)<', row).group(1): row for row in rows}
 
 
 def test_gallery_escapes_names(tmp_path):
     rel = 'we"ird <b>&name #1.jpg'
-    path = write_gallery(tmp_path, [rel], {rel: {"cam_classes": ["<cat>"], "top1_fallback": True}})
-    page = path.read_text()
+    classes = ["background", "<cat>"]
+    labels = fake_run(tmp_path, [rel], [two_class_mask(right=1)], {rel: [1]})
+    labels[rel] = {"present": ["<cat>"], "top1_fallback": True, "scores": {"<cat>": 0.3}}
+    page = write_gallery(tmp_path, [rel], labels, classes=classes).read_text()
     assert "<b>" not in page and "<cat>" not in page
-    assert "we&quot;ird &lt;b&gt;&amp;name #1.jpg" in page and "&lt;cat&gt; (top-1)" in page
+    assert "we&quot;ird &lt;b&gt;&amp;name #1.jpg" in page and "&lt;cat&gt; 0.30 (top-1)" in page
     assert 'src="thumbs/we%22ird%20%3Cb%3E%26name%20%231.jpg"' in page
+    assert 'src="class_cams/we%22ird%20%3Cb%3E%26name%20%231/1.jpg"' in page  # files named by class index
     assert str(tmp_path) not in page  # relative links only
 
 
-def fake_run(out, root, rels, masks, truths):
-    """An inference output folder (thumbs 20x10, masks 40x20) and a VOC root with ground truth for some."""
-    for rel, mask in zip(rels, masks, strict=True):
-        stem = rel.rsplit(".", 1)[0]
-        for kind in ("thumbs", "overlays", "cams"):
-            save_image(out / kind / f"{stem}.jpg", np.full((10, 20, 3), 100, np.uint8))
-        save_mask(out / "masks" / f"{stem}.png", mask)
-    for rel, gt in truths.items():
-        save_mask(root / "SegmentationClass" / f"{rel.rsplit('.', 1)[0]}.png", gt)
+def test_mask_column_is_the_plain_mask_in_the_legend_colours(tmp_path):
+    """The mask column is the mask itself (no photo blended in) at the thumbnail's size, in a lossless PNG whose
+    colours are exactly the legend's: a red disc is the legend's red, not olive under a green photo."""
+    mask = two_class_mask(20, 40, left=1, right=3)
+    fake_run(tmp_path, ["a.jpg"], [mask], {"a.jpg": [1, 3]})
+    save_image(tmp_path / "thumbs" / "a.jpg", np.full((10, 20, 3), (0, 200, 0), np.uint8))  # a green photo
+    page = write_gallery(tmp_path, ["a.jpg"], {}, classes=CLASSES).read_text()
+
+    assert 'src="mask_thumbs/a.png"' in page
+    with Image.open(tmp_path / "mask_thumbs" / "a.png") as im:
+        assert im.format == "PNG" and im.size == (20, 10)  # the thumbnail's size
+        colours = np.asarray(im.convert("RGB"))
+    palette = voc_palette()
+    np.testing.assert_array_equal(colours[:, :8], np.broadcast_to(palette[1], (10, 8, 3)))
+    np.testing.assert_array_equal(colours[:, 12:], np.broadcast_to(palette[3], (10, 8, 3)))
+    assert {tuple(c) for c in colours.reshape(-1, 3)} <= {tuple(palette[k]) for k in (0, 1, 3)}
+    legend = page[page.index("Classes present") : page.index('<div class="row')]
+    for k in (0, 1, 3):
+        r, g, b = palette[k]
+        assert f"background:rgb({r},{g},{b})" in legend and f"</span> {CLASSES[k]}<" in legend
+    assert "c2" not in legend
 
 
-def test_legend_and_ground_truth_column(tmp_path):
+def test_one_captioned_cam_thumbnail_per_present_class(tmp_path):
+    """Each present class gets its own CAM cell, captioned with its name and probability, in the labels' order;
+    a top-1 fallback says so; an image without a labels entry shows no CAM cell."""
+    rels = ["a.jpg", "b.jpg", "c.jpg"]
+    labels = fake_run(tmp_path, rels, [two_class_mask()] * 3, {"a.jpg": [1, 3], "b.jpg": [2], "c.jpg": []})
+    labels["a.jpg"]["scores"] = {"c1": 0.91, "c2": 0.1, "c3": 0.62}
+    labels["b.jpg"].update(top1_fallback=True, scores={"c1": 0.2, "c2": 0.4, "c3": 0.1})
+    del labels["c.jpg"]
+    rows = rows_of(write_gallery(tmp_path, rels, labels, 0.5, CLASSES).read_text())
+
+    cams = re.findall(r'<img src="(class_cams/[^"]*)".*?<figcaption>(.*?)</figcaption>', rows["a.jpg"])
+    assert [src for src, _ in cams] == ["class_cams/a/1.jpg", "class_cams/a/3.jpg"]
+    assert [re.sub("<[^>]*>", "", caption).strip() for _, caption in cams] == ["c1 0.91", "c3 0.62"]
+    (caption,) = re.findall(r"<figcaption>(.*?)</figcaption>", rows["b.jpg"].split('class="cams"')[1])
+    assert re.sub("<[^>]*>", "", caption).strip() == "c2 0.40 (top-1)"
+    assert "class_cams" not in rows["c.jpg"]
+
+
+def test_ground_truth_column_and_legend(tmp_path):
+    """The ground truth is shown plain like the mask (its 255 in the ignore colour, named in the legend); an image
+    without ground truth gets an empty cell; a folder run has no ground-truth column."""
     out, root = tmp_path / "out", tmp_path / "voc"
-    classes = ["background", "c1", "c2", "c3"]
     pred_a, pred_b = np.zeros((20, 40), np.uint8), np.zeros((20, 40), np.uint8)
     pred_a[:, 30:] = 2
     gt_a = np.zeros((20, 40), np.uint8)
     gt_a[:10] = 3
-    gt_a[0, 0] = 255
-    fake_run(out, root, ["a.jpg", "sub/b.jpg"], [pred_a, pred_b], {"a.jpg": gt_a})
+    gt_a[16:, :8] = 255
+    labels = fake_run(out, ["a.jpg", "sub/b.jpg"], [pred_a, pred_b], {"a.jpg": [2], "sub/b.jpg": [1]})
+    save_mask(root / "SegmentationClass" / "a.png", gt_a)
     truth = find_ground_truth(root, ["SegmentationClassAug", "SegmentationClass"], ["a.jpg", "sub/b.jpg"])
     assert truth == {"a.jpg": root / "SegmentationClass" / "a.png"}
 
-    labels = {"a.jpg": {"cam_classes": ["c2"]}, "sub/b.jpg": {"cam_classes": ["c1"]}}
-    page = write_gallery(out, ["a.jpg", "sub/b.jpg"], labels, 0.5, classes, truth).read_text()
-    legend = page[page.index("Classes present"):page.index("<table>")]
-    assert [c for c in classes if f"> {c}</span>" in legend] == ["background", "c2", "c3"]  # 255 is not a class
-    r, g, b = voc_palette()[3]
-    assert f"background:rgb({r},{g},{b})" in legend
-    assert "<th>ground truth</th>" in page and 'src="gt/a.jpg"' in page
-    row_b = page[page.index("<td>sub/b.jpg</td>"):]
-    assert row_b.split("</tr>")[0].count("<td></td>") == 1  # b has no ground truth: an empty cell
-    overlay = read_image(out / "gt" / "a.jpg")
-    assert overlay.shape == (10, 20, 3)  # the thumbnail's size
-    assert int(overlay[8, 5, 2]) - int(overlay[1, 5, 2]) > 30  # class 3 (olive, no blue) on the top half only
+    page = write_gallery(out, ["a.jpg", "sub/b.jpg"], labels, 0.5, CLASSES, truth).read_text()
+    legend = page[page.index("Classes present") : page.index('<div class="row')]
+    assert [c for c in CLASSES if f"</span> {c}<" in legend] == ["background", "c2", "c3"]
+    r, g, b = voc_palette()[255]
+    assert f"background:rgb({r},{g},{b})" in legend and "ignore" in legend
+    assert ">ground truth<" in page and 'src="gt/a.png"' in page
+    rows = rows_of(page)
+    assert "gt/" not in rows["sub/b.jpg"] and rows["sub/b.jpg"].count('<figure class="cell"></figure>') == 1
+    with Image.open(out / "gt" / "a.png") as im:
+        assert im.format == "PNG" and im.size == (20, 10)
+        shown = np.asarray(im.convert("RGB"))
+    palette = voc_palette()
+    np.testing.assert_array_equal(shown[:4], np.broadcast_to(palette[3], (4, 20, 3)))
+    np.testing.assert_array_equal(shown[9, :3], np.broadcast_to(palette[255], (3, 3)))
 
-    plain = write_gallery(out, ["a.jpg"], {}, 0.5).read_text()
-    assert "ground truth" not in plain and "Classes present" not in plain
+    plain = write_gallery(out, ["a.jpg"], labels, 0.5, CLASSES).read_text()
+    assert "ground truth" not in plain and "ignore" not in plain
+
+
+def test_layout_fits_1400_px(tmp_path):
+    """Structurally (no browser needed): no image has a size of its own (CSS sizes them), the fixed columns
+    plus one CAM cell fit in 1400 px less a scrollbar, and the CAM cells wrap. The rendered check is
+    tests/inference/test_gallery_browser.py."""
+    out, root = tmp_path / "out", tmp_path / "voc"
+    wide = np.zeros((100, 256), np.uint8)
+    labels = fake_run(out, ["a.jpg"], [wide], {"a.jpg": [1, 2, 3]}, thumb_scale=1)
+    save_mask(root / "SegmentationClass" / "a.png", wide)
+    page = write_gallery(out, ["a.jpg"], labels, 0.5, CLASSES, {"a.jpg": root / "SegmentationClass" / "a.png"})
+    page = page.read_text()
+    assert not re.search(r"<img[^>]*\b(width|height)=", page)
+    css = dict(re.findall(r"--(\w+):(\d+)px", page))
+    fixed = int(css["name"]) + 4 * (int(css["cell"]) + int(css["gap"]))  # name, input, mask, overlay, truth
+    assert fixed + int(css["cell"]) + 2 * int(css["margin"]) + 17 <= 1400  # + one CAM cell + a scrollbar
+    assert re.search(r"\.cams\{[^}]*flex-wrap:wrap", page) and re.search(r"\.cams\{[^}]*min-width:0", page)
+    assert re.search(r"\.cell img\{[^}]*max-width:var\(--cell\)[^}]*max-height:var\(--cell\)", page)
 
 
 def test_gallery_of_a_voc_split_shows_ground_truth(trained, tmp_path):  # noqa: F811
@@ -68,9 +165,105 @@ def test_gallery_of_a_voc_split_shows_ground_truth(trained, tmp_path):  # noqa: 
     out = tmp_path / "out"
     assert infer_cli.main([str(ckpt), str(root), str(out), "--split", "val", "--gallery", "--no-progress"]) == 0
     page = (out / "index.html").read_text()
-    assert "<th>ground truth</th>" in page and "Classes present" in page
-    assert sorted(p.name for p in (out / "gt").iterdir()) == ["val_00000.jpg", "val_00001.jpg"]
+    assert ">ground truth<" in page and "Classes present" in page
+    assert sorted(p.name for p in (out / "gt").iterdir()) == ["val_00000.png", "val_00001.png"]
     folder_out = tmp_path / "folder"
     assert infer_cli.main([str(ckpt), str(root / "JPEGImages"), str(folder_out), "--gallery", "--no-progress"]) == 0
     assert "ground truth" not in (folder_out / "index.html").read_text()
     assert json.loads((folder_out / "summary.json").read_text())["done"] > 2
+
+
+def test_a_run_writes_every_gallery_file_and_a_rerun_keeps_them(trained, tmp_path):  # noqa: F811
+    """--gallery writes one CAM thumbnail per present class (named by class index, the thumbnail's size) and the
+    plain mask thumbnail; a re-run that skips the finished images lists them all, touching none of their
+    files; an image whose gallery files were lost is left out with a note, and --overwrite brings it back."""
+    root, ckpt = trained
+    out = tmp_path / "out"
+    every_class = ["--cfg-options", "infer.cls_thresh=0.0"]  # every sigmoid passes: every class present
+    args = [str(ckpt), str(root / "JPEGImages"), str(out), "--gallery", "--no-progress", "--workers", "0", *every_class]
+    assert infer_cli.main(args) == 0
+    labels = json.loads((out / "image_labels.json").read_text())["images"]
+    palette = {tuple(c) for c in voc_palette()[: len(TOY_CLASSES)]}
+    rows = rows_of((out / "index.html").read_text())
+    assert set(rows) == set(labels) and len(labels) == 6
+    for rel, entry in labels.items():
+        stem = rel.rsplit(".", 1)[0]
+        assert entry["present"] == list(TOY_CLASSES[1:])
+        with Image.open(out / "thumbs" / f"{stem}.jpg") as im:
+            size = im.size
+        files = sorted((out / "class_cams" / stem).iterdir(), key=lambda p: int(p.stem))
+        assert [p.name for p in files] == [f"{k}.jpg" for k in range(1, len(TOY_CLASSES))]
+        pictures = []
+        for path in files:
+            with Image.open(path) as im:
+                assert im.size == size
+                pictures.append(np.asarray(im, dtype=np.int16))
+        assert max(np.abs(p - pictures[0]).mean() for p in pictures) > 1  # each class its own CAM
+        captions = [re.sub("<[^>]*>", "", c).strip() for c in re.findall(r"<figcaption>(.*?)</figcaption>", rows[rel])]
+        assert captions == [f"{n} {entry['scores'][n]:.2f}" for n in TOY_CLASSES[1:]]
+        with Image.open(out / "mask_thumbs" / f"{stem}.png") as im:
+            assert im.size == size
+            shown = np.asarray(im.convert("RGB"))
+        assert {tuple(c) for c in shown.reshape(-1, 3)} <= palette
+        mask = read_mask(out / "masks" / f"{stem}.png")
+        assert set(np.unique(read_mask(out / "mask_thumbs" / f"{stem}.png"))) <= set(np.unique(mask))
+
+    stats = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.parent != out}
+    assert infer_cli.main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["existing"] == 6 and summary["done"] == 0 and not summary["notes"]
+    assert rows_of((out / "index.html").read_text()).keys() == rows.keys()
+    assert {p: p.stat().st_mtime_ns for p in stats} == stats
+
+    lost = sorted(labels)[0]
+    (out / "class_cams" / lost.rsplit(".", 1)[0] / "2.jpg").unlink()
+    assert infer_cli.main(args) == 0
+    assert lost not in rows_of((out / "index.html").read_text())
+    (note,) = json.loads((out / "summary.json").read_text())["notes"]
+    assert "1 finished image is left out of index.html" in note and "--overwrite" in note
+    assert infer_cli.main([*args, "--overwrite"]) == 0
+    assert rows_of((out / "index.html").read_text()).keys() == rows.keys()
+
+
+def test_class_cam_files_never_collide_and_stale_ones_go(tmp_path):
+    """A folder per image and files named by class index: images ``a`` and ``a/1`` keep apart, odd class names
+    never reach a path; a re-write drops the CAMs of classes no longer present and keeps foreign files."""
+    thumb = np.full((8, 12, 3), 100, np.uint8)
+    cams = torch.rand(2, 16, 24)
+    write_class_cams(tmp_path, "a.jpg", thumb, cams, [1, 3])
+    write_class_cams(tmp_path, "a/1.png", thumb, cams[:1], [2])
+    folder = tmp_path / "class_cams" / "a"
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+        "1.jpg", "1/2.jpg", "3.jpg",
+    ]  # fmt: skip
+    assert class_cam_paths(tmp_path, "a.jpg", [3]) == {3: folder / "3.jpg"}
+    (folder / "notes.jpg").write_bytes(b"someone's")
+    write_class_cams(tmp_path, "a.jpg", thumb, cams[1:], [3])
+    assert sorted(p.name for p in folder.iterdir()) == ["1", "3.jpg", "notes.jpg"]
+    entry = {"present": ["x/../y", "c1"]}
+    assert present_indices(entry, ["background", "c1", "x/../y"]) == [2, 1]
+
+
+def test_gallery_folders_cannot_point_outside_the_output(trained, tmp_path):  # noqa: F811
+    """A gallery folder (class_cams/, mask_thumbs/) that is a symlink out of OUTPUT: the images are skipped with
+    the reason and nothing is written outside."""
+    root, ckpt = trained
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    outside.mkdir()
+    for kind in ("class_cams", "mask_thumbs"):
+        out.mkdir(exist_ok=True)
+        (out / kind).symlink_to(outside, target_is_directory=True)
+        args = [str(ckpt), str(root / "JPEGImages"), str(out), "--gallery", "--no-progress", "--workers", "0"]
+        assert infer_cli.main(args) == 1
+        skipped = json.loads((out / "summary.json").read_text())["skipped"]
+        assert len(skipped) == 6 and all("resolves outside the output folder" in s["reason"] for s in skipped)
+        assert not any(outside.iterdir())
+        (out / kind).unlink()
+
+
+def test_an_input_inside_a_gallery_folder_is_refused(tmp_path):
+    """class_cams/ and mask_thumbs/ are output kinds: INPUT inside them would be overwritten, so it is refused."""
+    for kind in ("class_cams", "mask_thumbs"):
+        (tmp_path / kind / "photos").mkdir(parents=True)
+        with pytest.raises(ValueError, match=f"lies in {kind}/ of the output folder"):
+            check_output_folder(tmp_path / kind / "photos", tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -12,9 +13,9 @@ import torch.nn.functional as F
 
 from tools import infer as infer_cli
 from wsss.data.transforms import normalize
-from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.inference.crf import crf_labels
 from wsss.inference.predictor import Segmenter
+from wsss.model_file import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.models.tta import tta_forward
 from wsss.utils.fileio import read_image, read_mask
 
@@ -33,6 +34,16 @@ def reference(ckpt_path, raw, scales, flip):
     return tta_forward(model, x, scales, flip, cams=True)
 
 
+def restricted_argmax(seg, cls_logits, threshold):
+    """The mask of infer.mask_classes="present", computed independently: the absent classes' logits set to -inf,
+    the present ones those whose sigmoid passes ``threshold``, else the top-1."""
+    present = cls_logits.sigmoid() > threshold
+    if not present.any():
+        present[cls_logits.argmax()] = True
+    allowed = torch.cat([torch.ones(1, dtype=torch.bool), present])
+    return seg.masked_fill(~allowed[:, None, None], -torch.inf).argmax(0).numpy()
+
+
 def test_named_results_match_the_tta_reference(toy_checkpoint, segmenter):
     root, ckpt_path = toy_checkpoint
     path = root / "JPEGImages" / "val_00000.jpg"
@@ -41,13 +52,15 @@ def test_named_results_match_the_tta_reference(toy_checkpoint, segmenter):
     ref = reference(ckpt_path, raw, cfg["scales"], cfg["flip"])
     result = segmenter(path, cams=True)
     assert result.mask.shape == raw.shape[:2] and result.mask.dtype == np.uint8
-    np.testing.assert_array_equal(result.mask, ref.seg[0].argmax(0).numpy())
+    np.testing.assert_array_equal(result.mask, restricted_argmax(ref.seg[0], ref.cls_logits[0], cfg["cls_thresh"]))
     probs = ref.cls_logits[0].sigmoid().tolist()
     assert list(result.class_probs) == segmenter.classes[1:] == result.classes[1:]
     np.testing.assert_allclose(list(result.class_probs.values()), probs, rtol=1e-6)
-    assert result.present == [n for n, p in zip(segmenter.classes[1:], probs, strict=True) if p > cfg["cls_thresh"]]
-    shown = result.present or [max(result.class_probs, key=result.class_probs.get)]
-    assert sorted(result.cams) == sorted(shown)
+    passing = [n for n, p in zip(segmenter.classes[1:], probs, strict=True) if p > cfg["cls_thresh"]]
+    assert result.present == (passing or [max(result.class_probs, key=result.class_probs.get)])
+    assert result.top1_fallback == (not passing)
+    assert {segmenter.classes[k] for k in np.unique(result.mask)} <= {"background", *result.present}
+    assert sorted(result.cams) == sorted(result.present)
     for name, cam in result.cams.items():
         np.testing.assert_allclose(cam, ref.cam[0, segmenter.classes.index(name) - 1].numpy(), atol=1e-6)
     array_result = segmenter(raw)  # an array gives what its file gives; no CAMs unless asked
@@ -94,9 +107,14 @@ def test_crf_takes_an_array_in_any_memory_layout(toy_checkpoint, segmenter):
     root, ckpt_path = toy_checkpoint
     raw = read_image(root / "JPEGImages" / "val_00000.jpg")
     cfg = config_from_checkpoint(load_checkpoint(ckpt_path)).infer
-    probs = reference(ckpt_path, raw, cfg.scales, cfg.flip).seg[0].softmax(dim=0).numpy()
+    ref = reference(ckpt_path, raw, cfg.scales, cfg.flip)
+    present = ref.cls_logits[0].sigmoid() > cfg.cls_thresh
+    if not present.any():
+        present[ref.cls_logits[0].argmax()] = True
+    index = np.flatnonzero(torch.cat([torch.ones(1, dtype=torch.bool), present]).numpy())
+    probs = ref.seg[0][index].softmax(dim=0).numpy()  # the CRF sees the classes the mask may hold
     expected = segmenter(raw, crf=True).mask
-    np.testing.assert_array_equal(expected, crf_labels(raw, probs, cfg.crf))
+    np.testing.assert_array_equal(expected, index[crf_labels(raw, probs, cfg.crf)])
     rgb_view = np.ascontiguousarray(raw[..., ::-1])[..., ::-1]
     mirror = raw[:, ::-1]
     assert not rgb_view.flags.c_contiguous and not mirror.flags.c_contiguous
@@ -104,9 +122,55 @@ def test_crf_takes_an_array_in_any_memory_layout(toy_checkpoint, segmenter):
     np.testing.assert_array_equal(segmenter(mirror, crf=True).mask, segmenter(mirror.copy(), crf=True).mask)
 
 
-def test_bad_input_is_named(segmenter, tmp_path):
-    with pytest.raises(ValueError, match="expected an \\(H, W, 3\\) uint8 RGB image, got float32"):
-        segmenter(np.zeros((8, 8, 3), np.float32))
+def test_every_common_image_kind_gives_the_mask_of_its_rgb_array(toy_checkpoint, segmenter, tmp_path):
+    """Grayscale (H, W) and (H, W, 1), RGBA, a PIL image (without the "not writable" warning), a non-contiguous view
+    and a read-only array each give the mask of the RGB array a file of that kind reads as."""
+    from PIL import Image
+
+    raw = read_image(toy_checkpoint[0] / "JPEGImages" / "val_00000.jpg")
+    gray = raw[..., 1].copy()
+    Image.fromarray(gray).save(tmp_path / "gray.png")
+    rgba = np.concatenate([raw, np.full(raw.shape[:2] + (1,), 128, np.uint8)], axis=2)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "rgba.png")
+    expected_gray = segmenter(tmp_path / "gray.png").mask
+    np.testing.assert_array_equal(segmenter(gray).mask, expected_gray)
+    np.testing.assert_array_equal(segmenter(gray[..., None]).mask, expected_gray)
+    np.testing.assert_array_equal(segmenter(rgba).mask, segmenter(tmp_path / "rgba.png").mask)
+    np.testing.assert_array_equal(segmenter(rgba).mask, segmenter(np.round(raw * (128 / 255)).astype(np.uint8)).mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns "The given NumPy array is not writable" on a PIL buffer
+        np.testing.assert_array_equal(segmenter(Image.fromarray(raw)).mask, segmenter(raw).mask)
+        np.testing.assert_array_equal(segmenter(Image.open(tmp_path / "gray.png")).mask, expected_gray)
+        read_only = raw.copy()
+        read_only.flags.writeable = False
+        np.testing.assert_array_equal(segmenter(read_only).mask, segmenter(raw).mask)
+    wide = np.zeros((raw.shape[0], raw.shape[1] * 2, 3), np.uint8)
+    wide[:, ::2] = raw
+    view = wide[:, ::2]
+    assert not view.flags.c_contiguous
+    np.testing.assert_array_equal(segmenter(view).mask, segmenter(raw).mask)
+
+
+@pytest.mark.parametrize(
+    ("image", "says"),
+    [
+        (np.zeros((8, 8, 3), np.float32), r"\(x \* 255\)\.round\(\)\.astype\(np\.uint8\)"),
+        (np.zeros((3, 8, 9), np.uint8), r"x\.transpose\(1, 2, 0\)"),
+        ([np.zeros((8, 8, 3), np.uint8)] * 2, r"once per image, or Segmenter\.predict"),
+        (np.zeros((8, 8, 2), np.uint8), r"\(H, W, 4\) RGBA uint8 image, got shape \(8, 8, 2\)"),
+        (np.zeros((8, 8, 3), np.uint16), r"got uint16 .* x\.astype\(np\.uint8\)"),
+        (torch.zeros(8, 8, 3, dtype=torch.uint8), r"image\.cpu\(\)\.numpy\(\)"),
+    ],
+    ids=["float", "channels-first", "list", "two-channels", "uint16", "tensor"],
+)
+def test_an_array_of_another_kind_is_refused_with_its_conversion(segmenter, image, says):
+    with pytest.raises(ValueError, match=says):
+        segmenter(image)
+
+
+def test_a_missing_or_unreadable_file_is_named(segmenter, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        segmenter(tmp_path / "missing.jpg")
     (tmp_path / "bad.jpg").write_bytes(b"not an image")
     with pytest.raises(ValueError, match="bad.jpg"):
         segmenter(tmp_path / "bad.jpg")

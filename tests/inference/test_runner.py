@@ -74,9 +74,9 @@ def test_cli_end_to_end(trained, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["done"] == 3 and {s["path"] for s in summary["skipped"]} == {"bad.jpg", "notes.txt"}
     labels = json.loads((out / "image_labels.json").read_text())
-    assert set(labels["images"]) == set(layout) and all(v["cam_classes"] for v in labels["images"].values())
+    assert set(labels["images"]) == set(layout) and all(v["present"] for v in labels["images"].values())
     page = (out / "index.html").read_text()
-    assert 'src="overlays/a/b/y.jpg"' in page and 'src="cams/z.jpg"' in page and str(tmp_path) not in page
+    assert 'src="overlays/a/b/y.jpg"' in page and 'href="cams/z.jpg"' in page and str(tmp_path) not in page
 
     # the masks score with tools/eval.py against the mirrored ground truth
     assert eval_cli.main([str(out / "masks"), str(gt), "--classes", str(root / "classes.txt")]) == 0
@@ -203,9 +203,10 @@ def test_an_interrupted_run_keeps_every_image_label(trained, tmp_path, monkeypat
     labels = json.loads((out / "image_labels.json").read_text())
     assert set(labels["images"]) == set(layout) and labels["classes"] == list(TOY_CLASSES)
     first = PurePosixPath(saved[0].relative_to(out / "masks")).with_suffix(".jpg").as_posix()
-    assert labels["images"][first]["cam_classes"]
-    (row,) = [line for line in (out / "index.html").read_text().splitlines() if line.startswith(f"<tr><td>{first}<")]
-    assert row.endswith(f"<td>{', '.join(labels['images'][first]['cam_classes'])}</td></tr>")  # its classes shown
+    assert labels["images"][first]["present"]
+    page = (out / "index.html").read_text().splitlines()
+    (row,) = [line for line in page if line.startswith(f'<div class="row"><div class="name">{first}<')]
+    assert [n for n in TOY_CLASSES if f"</span> {n} " in row] == labels["images"][first]["present"]  # its CAMs
 
 
 def test_a_full_disk_names_the_file_and_keeps_what_is_done(trained, tmp_path, monkeypatch, capsys):

@@ -16,16 +16,21 @@ class Called(Exception):
 @pytest.mark.parametrize("cuda", [True, False])
 def test_infer_and_eval_default_to_cuda_when_available(monkeypatch, tmp_path, cuda):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)  # no driver here
     devices = []
 
     def record(*args, device, **kwargs):
-        devices.append(device)
+        devices.append(str(device))
         raise Called
 
-    monkeypatch.setattr(infer_cli, "run_inference", lambda *args: record(device=args[-1]))
-    monkeypatch.setattr(eval_cli, "evaluate_folders", lambda *args, **kwargs: record(**kwargs))
+    # the tools import these once their arguments parse: patched where they are defined
+    monkeypatch.setattr(
+        "wsss.inference.runner.run_inference",
+        lambda ckpt, src, out, split, options, device, *rest: record(device=device),
+    )
+    monkeypatch.setattr("wsss.evaluation.folders.evaluate_folders", lambda *args, **kwargs: record(**kwargs))
     with pytest.raises(Called):
         infer_cli.main([str(tmp_path / "model.pth"), str(tmp_path)])
     with pytest.raises(Called):
         eval_cli.main([str(tmp_path), str(tmp_path)])
-    assert devices == ["cuda" if cuda else "cpu"] * 2
+    assert devices == (["cuda:0", "cuda"] if cuda else ["cpu", "cpu"])  # infer: the rank's GPU (LOCAL_RANK 0)

@@ -40,7 +40,7 @@ from wsss.analysis.oversmoothing import RANK_THRESHOLD, layer_stats
 from wsss.config import load_config
 from wsss.data.folder import ImageFolderDataset, Skipped
 from wsss.data.transforms import backbone_mean_std
-from wsss.engine.checkpoint import model_from_checkpoint
+from wsss.model_file import model_from_checkpoint
 from wsss.models import build_backbone, build_model_backbone
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
 

@@ -22,10 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wsss.analysis.constants import RANK_THRESHOLD
 from wsss.models.attention import VariantAttention, record_attention
-
-RANK_THRESHOLD = 1e-3
-"""Relative singular-value threshold of the numerical rank (the paper, sec. 4.1)."""
 
 
 def token_cosine_similarity(tokens: torch.Tensor) -> torch.Tensor:

@@ -44,11 +44,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wsss.analysis.oversmoothing import RANK_THRESHOLD
+from wsss.analysis.constants import ARCHS, INITS, RANK_THRESHOLD
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
 
-ARCHS = ("pre_ln", "post_ln", "residual")
-INITS = ("identity", "uniform")
 CSV_COLUMNS = ("arch", "init", "gamma", "depth", "rank")
 
 

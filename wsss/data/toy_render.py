@@ -2,7 +2,8 @@
 
 What the samples show and how the versions differ: :mod:`wsss.data.toy` (which writes them as a VOC-layout
 dataset) and ``docs/toy_dataset.md`` (design and history, with numbers). Drawing is deterministic in its
-``numpy.random.Generator`` and takes about 25 ms per image.
+``numpy.random.Generator`` and takes about 25 ms per image. cv2 is imported by the three functions that draw
+with it, so that the constants below load without it (``tools/make_toy_voc.py --help`` answers at once).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import colorsys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
 TOY_CLASSES = ("background", "disc", "ring", "triangle", "cross", "star", "striped_square")
@@ -174,6 +174,8 @@ def _rasterize(
     width: int,
 ) -> tuple[np.ndarray, tuple[int, int, int, int], bool]:
     """Anti-aliased coverage (H, W) of rotated, scaled polygons; also the in-frame box and truncation."""
+    import cv2
+
     rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
     placed = [(p @ rot.T * radius + np.asarray(center), v) for p, v in polygons]
     allpts = np.concatenate([p for p, _ in placed])
@@ -284,6 +286,8 @@ def _appearance(version: int) -> _Appearance:
 
 def _smooth_noise(rng: np.random.Generator, height: int, width: int, cell: float) -> np.ndarray:
     """(H, W) float32 noise with unit-ish amplitude and features about ``cell`` px large."""
+    import cv2
+
     gh, gw = int(np.ceil(height / cell)) + 2, int(np.ceil(width / cell)) + 2
     grid = rng.standard_normal((gh, gw)).astype(np.float32)
     big = cv2.resize(grid, (int(gw * cell), int(gh * cell)), interpolation=cv2.INTER_CUBIC)
@@ -361,6 +365,8 @@ def _composite(img: np.ndarray, alpha: np.ndarray, box: tuple[int, int, int, int
 
 def _ignore_band(instances: np.ndarray, radius: int = _BAND_RADIUS) -> np.ndarray:
     """(H, W) bool: pixels within ``radius`` px of a pixel of another instance (background included)."""
+    import cv2
+
     kernel = np.ones((2 * radius + 1, 2 * radius + 1), np.uint8)
     inst = instances.astype(np.uint8)
     return cv2.dilate(inst, kernel) != cv2.erode(inst, kernel)

@@ -6,8 +6,10 @@ Work dir contents written here::
     log.txt          everything printed (start summary, losses, validation tables, warnings, skipped images),
                      appended by each resumed run; a fresh start moves the earlier run's log.txt, scalars.jsonl
                      and tb/ to earlier_runs/<time>/ (wsss.engine.workdir)
-    scalars.jsonl    {"step": N, "loss/cls": ..., "lr/backbone": ..., "lr/heads": ..., "val/seg_mIoU": ...}
-    tb/              TensorBoard events: the same scalars, per-class IoU, labelled validation pictures
+    scalars.jsonl    {"step": N, "loss/cls": ..., "lr/backbone": ..., "lr/heads": ..., "val/seg_mIoU": ...,
+                     "val_IoU_seg/<class>": ...}; a val set with tags only: "val/cls_mAP", "val/cls_F1",
+                     "val_AP/<class>"
+    tb/              TensorBoard events: the same scalars, labelled validation pictures
 """
 
 from __future__ import annotations
@@ -123,9 +125,12 @@ def train_scalars(losses: dict[str, float], optimizer: torch.optim.Optimizer, se
     return out
 
 
-def val_scalars(tables: dict[str, SegMetrics]) -> dict[str, float]:
-    """``val/<branch>_<aAcc|mIoU|mAcc>`` and ``val_IoU_<branch>/<class>`` of each validated branch."""
-    out = {}
+def val_scalars(metrics: dict[str, float], tables: dict[str, SegMetrics]) -> dict[str, float]:
+    """The scalars of one validation (:class:`wsss.engine.validate.ValResult`): ``val/<branch>_<aAcc|mIoU|mAcc>``
+    and ``val_IoU_<branch>/<class>`` of each segmentation branch; on a val set with tags only, ``val/cls_mAP``,
+    ``val/cls_F1`` and each class's AP as ``val_AP/<class>``."""
+    out = {f"val/{k}": v for k, v in metrics.items() if k.startswith("cls_")}
+    out.update({f"val_AP/{k.removeprefix('AP_')}": v for k, v in metrics.items() if k.startswith("AP_")})
     for branch, result in tables.items():
         out.update({f"val/{branch}_{k}": v for k, v in result.summary.items()})
         ious = zip(result.class_names, result.per_class["IoU"].tolist(), strict=True)
@@ -146,13 +151,13 @@ def start_summary(
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     attention = cfg.model.attention
     blocks = "all blocks" if attention.blocks is None else f"blocks {attention.blocks}"
+    weights = f"weights from {cfg.model.load_from}" if cfg.model.load_from else cfg.model.pretrained or "random init"
     lines = [
         f"device      {device}" + (f" x {world_size} processes" if world_size > 1 else ""),
         f"data        {cfg.data.root}: " + ", ".join(f"{n} {split} images" for split, n in split_sizes.items()),
         f"classes     {len(classes)} ({', '.join(classes)})",
         f"labels      {label_file}",
-        f"model       {cfg.model.backbone} ({cfg.model.pretrained or 'random init'}), {attention.name} attention "
-        f"in {blocks}",
+        f"model       {cfg.model.backbone} ({weights}), {attention.name} attention in {blocks}",
         f"parameters  {params / 1e6:.2f} M ({trainable / 1e6:.2f} M trained)",
         f"schedule    {cfg.train.max_iters} iterations, global batch {cfg.train.batch_size * world_size} "
         f"({cfg.train.batch_size} per process x {world_size} process{'es' if world_size > 1 else ''}), "

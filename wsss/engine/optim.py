@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from wsss.config import OptimConfig
-from wsss.engine.distributed import all_reduce_mean
 from wsss.models.segmentor import WSSSModel
+from wsss.utils.distributed import all_reduce_mean
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from wsss.config import Config, to_dict
-from wsss.engine.checkpoint import check_resumable, load_checkpoint, load_resume_checkpoint, load_weights
+from wsss.engine.checkpoint import check_resumable, load_resume_checkpoint
 from wsss.engine.schedule import PolyWarmupScheduler
+from wsss.model_file import load_checkpoint, load_weights
 
 SCHEDULE_SECTIONS = ("optim", "train")
 """Config sections whose changes since a checkpoint a resumed run reports."""

@@ -1,6 +1,7 @@
 """Which checkpoints a run keeps: the newest ``train.max_keep_ckpts``, the best validated one and the last one.
 
-The best one (highest ``val/seg_mIoU``) is named in ``work_dir/best_checkpoint.json``, so a resumed run keeps
+The best one (highest ``val/seg_mIoU``; ``val/cls_mAP`` on a val set with tags only:
+:func:`wsss.engine.validate.best_metric`) is named in ``work_dir/best_checkpoint.json``, so a resumed run keeps
 tracking it. A paper-setting checkpoint is about 300 MB; without pruning an 80k-iteration run leaves 16.
 """
 
@@ -11,12 +12,11 @@ import math
 import re
 from pathlib import Path
 
-from wsss.engine.checkpoint import CHECKSUM_SUFFIX, LAST_CHECKPOINT, checksum_path
+from wsss.engine.checkpoint import LAST_CHECKPOINT
+from wsss.model_file import CHECKSUM_SUFFIX, checksum_path
 from wsss.utils.fileio import atomic_write_text
 
 BEST_FILE = "best_checkpoint.json"
-BEST_METRIC = "seg_mIoU"
-"""The validation metric (a key of :attr:`wsss.engine.validate.ValResult.metrics`) that picks the best one."""
 _ITER = re.compile(r"iter_(\d+)\.pth")
 
 
@@ -26,29 +26,32 @@ class CheckpointKeeper:
     Args:
         work: The work dir.
         max_keep: How many of the newest ``iter_*.pth`` to keep besides the best and the last; -1 keeps all.
-        start: The iteration the run starts from; a best record from a later step (an abandoned run) is ignored.
+        start: The iteration the run starts from; a best record from a later step (an abandoned run) or of another
+            metric is ignored.
+        metric: The validation metric (a key of :attr:`wsss.engine.validate.ValResult.metrics`) whose highest value
+            is the best.
         writes: Whether this process writes and deletes files (rank 0). Every rank tracks the best step, so all
             agree on when to save.
     """
 
-    def __init__(self, work: Path, max_keep: int, start: int, writes: bool = True) -> None:
-        self.work, self.max_keep, self.writes = work, max_keep, writes
+    def __init__(self, work: Path, max_keep: int, start: int, metric: str, writes: bool = True) -> None:
+        self.work, self.max_keep, self.metric, self.writes = work, max_keep, metric, writes
         self.best: dict | None = None
         try:
             best = json.loads((work / BEST_FILE).read_text())
-            if int(best["step"]) <= start:
+            if int(best["step"]) <= start and metric in best:
                 self.best = best
         except (OSError, ValueError, KeyError, TypeError):
             pass
 
     def is_best(self, metrics: dict[str, float]) -> bool:
         """Whether ``metrics`` beat the best validation so far."""
-        value = metrics.get(BEST_METRIC, math.nan)
-        return math.isfinite(value) and (self.best is None or value > self.best[BEST_METRIC])
+        value = metrics.get(self.metric, math.nan)
+        return math.isfinite(value) and (self.best is None or value > self.best[self.metric])
 
     def mark_best(self, step: int, checkpoint: Path, metrics: dict[str, float]) -> None:
         """Record ``checkpoint`` (saved at ``step``) as the best one."""
-        self.best = {"step": step, "checkpoint": checkpoint.name, BEST_METRIC: metrics[BEST_METRIC]}
+        self.best = {"step": step, "checkpoint": checkpoint.name, self.metric: metrics[self.metric]}
         if self.writes:
             atomic_write_text(self.work / BEST_FILE, json.dumps(self.best, indent=2) + "\n")
 

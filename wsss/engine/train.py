@@ -24,30 +24,26 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from wsss.config import Config, dump_config
+from wsss.config import Config, ModelConfig, dump_config, from_dict
 from wsss.data.check import check_dataset
 from wsss.data.tags import tag_warnings
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import TaggedValDataset, VOCClsDataset, VOCSegDataset, val_dataset
 from wsss.engine.checkpoint import rng_state, save_checkpoint, set_rng_state
-from wsss.engine.distributed import (
-    DistInfo,
-    ResumableSampler,
-    all_gather_objects,
-    all_reduce_mean,
-    barrier,
-    init_distributed,
-)
+from wsss.engine.distributed import ResumableSampler
 from wsss.engine.logger import RunLogger, chance_warning, start_summary, train_scalars, val_scalars
 from wsss.engine.optim import NonFiniteGuard, build_optimizer
 from wsss.engine.resume import config_changes, find_checkpoint, restore_training_state
 from wsss.engine.retention import CheckpointKeeper
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TERMS, TrainingStep
-from wsss.engine.validate import ValResult, validate
+from wsss.engine.validate import ValResult, best_metric, validate
 from wsss.engine.workdir import claim_work_dir, start_afresh
 from wsss.evaluation.metrics import format_table
+from wsss.model_file import read_model_file
 from wsss.models import WSSSModel, build_model
+from wsss.models.builder import load_initial_weights
+from wsss.utils.distributed import DistInfo, all_gather_objects, all_reduce_mean, barrier, init_distributed
 from wsss.utils.lifetime import die_with_parent
 
 
@@ -203,9 +199,12 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     val_set = val_dataset(cfg.data, mean, std)
     classes = train_set.classes
     found = find_checkpoint(work, resume)  # on the CPU: load_state_dict copies onto the model's device
-    # a resumed run takes every weight from its checkpoint, so it never fetches model.pretrained (no hub access)
-    model_cfg = cfg.model if found is None else dataclasses.replace(cfg.model, pretrained="")
+    # a resumed run takes every weight from its checkpoint, and a new run with model.load_from every backbone weight
+    # from that file: neither fetches model.pretrained (no hub access)
+    load_from = cfg.model.load_from if found is None else ""
+    model_cfg = cfg.model if found is None and not load_from else dataclasses.replace(cfg.model, pretrained="")
     raw_model = build_model(model_cfg, num_classes=len(classes)).to(dist_info.device)
+    loaded = _start_from(raw_model, load_from, cfg.model, classes) if load_from else None
     optim = cfg.optim
     optimizer = build_optimizer(raw_model, optim)
     scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, optim.warmup_iters, optim.warmup_ratio, optim.power)
@@ -231,12 +230,18 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     if train_set.tags is not None:
         for warning in tag_warnings(train_set.tags, classes, cfg.data.min_class_images, train_set.label_path):
             log.text(warning)
+    if loaded is not None:
+        log.text(loaded)
     if ckpt_path is not None:
         log.text(f"resuming from {ckpt_path} at iteration {start}")
+        if cfg.model.load_from:
+            log.text(
+                f"model.load_from ({cfg.model.load_from}) is ignored: resuming, and {ckpt_path} holds every weight"
+            )
     if changes:
         log.text(f"the config changed since that checkpoint ({'; '.join(changes)}); the new values apply, the "
                  f"learning rate follows the new schedule from iteration {start}")  # fmt: skip
-    keeper = CheckpointKeeper(work, cfg.train.max_keep_ckpts, start, writes=dist_info.is_main)
+    keeper = CheckpointKeeper(work, cfg.train.max_keep_ckpts, start, best_metric(val_set), writes=dist_info.is_main)
     model = _wrap(raw_model, dist_info)
     if cfg.train.compile:
         model = torch.compile(model)
@@ -306,6 +311,57 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     return result
 
 
+def _start_from(model: WSSSModel, path: str, model_cfg: ModelConfig, classes: list[str]) -> str:
+    """Start a new run's ``model`` from the weights of a wsss checkpoint or export (``model.load_from``), not its
+    optimiser, schedule or iteration: every weight with the same ``classes`` (names, in order), else all but the
+    class heads, which keep their fresh initialisation (:func:`wsss.models.builder.load_initial_weights`).
+
+    Returns:
+        The line the run logs: the file, and which heads were re-initialised.
+
+    Raises:
+        FileNotFoundError: The file is missing.
+        ValueError: The file is neither a wsss checkpoint nor an export, or holds another architecture; one line
+            naming the file and what differs.
+    """
+    try:
+        ckpt = read_model_file(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"model.load_from: {err}") from None
+    same = list(ckpt["classes"]) == list(classes)
+    try:
+        fresh = load_initial_weights(model, ckpt["model"], same)
+    except ValueError as err:
+        differ = _architecture_changes(from_dict(ModelConfig, ckpt["config"]["model"], "model"), model_cfg)
+        raise ValueError(
+            f"model.load_from={path}: its model differs from the configured one ({'; '.join(differ or [str(err)])}); "
+            "configure model.backbone and model.backbone_kwargs as in its config, or give backbone weights to "
+            "model.pretrained instead"
+        ) from None
+    if same:
+        return (
+            f"model.load_from: weights from {path} (iteration {ckpt.get('step')} of its run), every weight kept; the "
+            "optimiser, the schedule and the iteration start afresh"
+        )
+    return (
+        f"model.load_from: weights from {path}, trained on {len(ckpt['classes'])} classes {list(ckpt['classes'])}, "
+        f"this run has {len(classes)} {list(classes)}: re-initialised {', '.join(fresh)} (the class heads), the rest "
+        "loaded; the optimiser, the schedule and the iteration start afresh"
+    )
+
+
+def _architecture_changes(saved: ModelConfig, current: ModelConfig) -> list[str]:
+    """``model.<key>: <saved> in the file, <current> here`` for each value that shapes the weights and differs."""
+    kwargs = sorted(saved.backbone_kwargs.keys() | current.backbone_kwargs.keys())
+    pairs = [
+        ("backbone", saved.backbone, current.backbone),
+        *((f"backbone_kwargs.{k}", saved.backbone_kwargs.get(k), current.backbone_kwargs.get(k)) for k in kwargs),
+        ("attention.name", saved.attention.name, current.attention.name),
+        ("decoder_channels", saved.decoder_channels, current.decoder_channels),
+    ]
+    return [f"model.{key}: {a!r} in the file, {b!r} here" for key, a, b in pairs if a != b]
+
+
 def _restore_rng(states: list | dict, info: DistInfo, fallback_seed: int) -> None:
     """Give each rank back its own random state; a checkpoint of another world size cannot resume exactly."""
     states = states if isinstance(states, list) else [states]
@@ -339,8 +395,7 @@ def _validate(
     for reason in res.skipped:
         log.text(f"warning: skipping val image {reason}")
     log.text(f"[iter {step}] val: " + "  ".join(f"{k} {v:.2f}" for k, v in res.metrics.items()))
-    tag_scores = {f"val/{k}": v for k, v in res.metrics.items() if k.startswith("cls_")}  # a tag-only val set
-    log.scalars(step, {**tag_scores, **val_scalars(res.tables)})
+    log.scalars(step, val_scalars(res.metrics, res.tables))
     log.images(step, {f"val/{name}": picture for name, picture in res.pictures.items()})
     if "seg" in res.tables:
         log.text(f"segmentation, iter {step}:\n{format_table(res.tables['seg'])}")

@@ -1,5 +1,6 @@
 """Validation during training: CAM, aux-CAM and segmentation mIoU on the val split, plus a few pictures; on a
-val set with tags only, classification mAP and F1.
+val set with tags only, classification mAP, F1 and each class's AP. :func:`best_metric` names the score that picks
+the best checkpoint.
 
 A val image (or mask) that cannot be read is skipped, as a bad training image is: the scores cover the others,
 and :attr:`ValResult.skipped` says why each was left out (the training loop writes it to the log). More than
@@ -21,20 +22,21 @@ from wsss.cam import cam_to_label, labels_from_mask, multiscale_cam
 from wsss.config import Config
 from wsss.data.transforms import denormalize
 from wsss.data.voc import TaggedValDataset, VOCSegDataset, collate_list
-from wsss.engine.distributed import all_gather_objects
 from wsss.evaluation.classification import multilabel_scores
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.inference.visualize import cam_overlay, mask_overlay, titled_panels
 from wsss.models.segmentor import WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
+from wsss.utils.distributed import all_gather_objects
 
 PANEL_TITLES = ("image", "CAM", "pseudo label", "prediction", "ground truth")
 
 
 @dataclass
 class ValResult:
-    """mIoU (percent) of each branch (classification mAP and F1 without masks), pictures of the first images."""
+    """mIoU (percent) of each branch (without masks: classification ``cls_mAP``, ``cls_F1`` and ``AP_<class>``),
+    pictures of the first images."""
 
     metrics: dict[str, float]
     tables: dict[str, SegMetrics] = field(default_factory=dict)
@@ -186,6 +188,12 @@ def _shard_loader(dataset, total: int, cfg: Config) -> tuple[int, DataLoader]:
 MASKS_NEEDED = "segmentation mIoU needs masks: this val set has tags only (classification mAP and F1 instead)"
 
 
+def best_metric(dataset: VOCSegDataset | TaggedValDataset) -> str:
+    """The key of :attr:`ValResult.metrics` whose highest value picks the best checkpoint: ``seg_mIoU``, or
+    ``cls_mAP`` on a val set with tags only (no mask to score a segmentation with)."""
+    return "cls_mAP" if isinstance(dataset, TaggedValDataset) else "seg_mIoU"
+
+
 @torch.no_grad()
 def validate_tags(
     model: WSSSModel,
@@ -195,8 +203,9 @@ def validate_tags(
     max_images: int | None = None,
     num_pictures: int = 4,
 ) -> ValResult:
-    """Validate on images that have tags and no mask: classification mAP and F1 of the final classifier
-    (at ``cfg.infer.cls_thresh``; the input sized as ``cfg.train.val_input`` says) against the tags, and
+    """Validate on images that have tags and no mask: classification mAP, F1 (at ``cfg.infer.cls_thresh``) and each
+    class's AP (``AP_<class>``, as pre-training reports them: :func:`wsss.evaluation.classification.multilabel_scores`)
+    of the final classifier (the input sized as ``cfg.train.val_input`` says) against the tags, and
     pictures of the first images (the image, the CAMs of its tagged classes, the segmentation). Segmentation
     mIoU cannot be measured; :data:`MASKS_NEEDED` says so in ``ValResult.notes``. Under ``torchrun`` every
     rank scores its share and the scores are gathered.
@@ -227,6 +236,9 @@ def validate_tags(
     gathered = all_gather_objects((torch.stack(probs).numpy(), torch.stack(targets).numpy()) if probs else None)
     parts = [p for p in gathered if p is not None]
     metrics = multilabel_scores(
-        np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), cfg.infer.cls_thresh
+        np.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]),
+        cfg.infer.cls_thresh,
+        names=dataset.classes[1:],
     )
     return ValResult(metrics=metrics, pictures=pictures, notes=[MASKS_NEEDED], skipped=skipped)

@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from wsss.engine.checkpoint import LAST_CHECKPOINT, checkpoints_newest_first, checksum_path
+from wsss.engine.checkpoint import LAST_CHECKPOINT, checkpoints_newest_first
 from wsss.engine.logger import LOG_FILE, SCALARS_FILE, TB_DIR
 from wsss.engine.retention import BEST_FILE
+from wsss.model_file import checksum_path
 from wsss.utils.fileio import remove_stale_temporaries
 
 LOCK_FILE = "train.lock"

@@ -16,6 +16,10 @@ foreground classes present), so the scores measure localisation, not classificat
   - *every pixel* (comparable with the paper's Table 3): the same CAMs and PAR with a single background
     plane at ``cfg.cam.infer_bg_thresh``, so every pixel gets a class and every pixel with ground truth in
     [0, C) is scored.
+
+Under ``torchrun`` (an initialised process group) each rank scores every ``world``-th image (rank r: images r,
+r + world, ...; no image twice, none padded in) into its own confusion matrices, writes that share's CAMs and
+pseudo labels, and the matrices are summed across ranks on the device: every score equals one process's exactly.
 """
 
 from __future__ import annotations
@@ -42,14 +46,15 @@ from wsss.config import Config
 from wsss.data.classes import voc_palette
 from wsss.data.transforms import denormalize
 from wsss.data.voc import VOCSegDataset, collate_list
-from wsss.engine.checkpoint import config_from_checkpoint, model_from_checkpoint
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics, format_table
+from wsss.model_file import config_from_checkpoint, model_from_checkpoint
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cams_with_par
+from wsss.utils.distributed import init_distributed, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_mask
 
-__all__ = ["CamEvalResult", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
+__all__ = ["CamEvalResult", "default_work_dir", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
 
 
 def parse_thresholds(spec: str) -> list[float]:
@@ -210,7 +215,11 @@ def evaluate_cams(
         cam_dir: Save every CAM as ``<id>.npy``, (C-1, H, W) float16 in [0, 1] (zero for absent classes).
         pseudo_dir: Save every pseudo label as ``<id>.png`` (VOC palette, ``ignore_index`` = uncertain).
         max_images: Score only the first images.
-        progress: Show a progress bar.
+        progress: Show a progress bar (on rank 0 alone).
+
+    Under an initialised process group (``torchrun``), every rank must call it: each scores and saves its share of
+    the images (every ``world``-th one), and the counts are summed across ranks, so every rank returns the scores
+    of all the images, equal to one process's. A rank whose share is empty still joins the sum.
     """
     device = torch.device(device)
     num_classes = len(dataset.classes)
@@ -223,15 +232,16 @@ def evaluate_cams(
     pseudo_all_cm = ConfusionMatrix(num_classes, ignore, device=device)
     par = PAR.from_config(cfg.par).to(device)
     pseudo = pseudo or pseudo_dir is not None
-    ignored = scored = 0
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
-    loader = DataLoader(
-        Subset(dataset, range(total)), batch_size=1, num_workers=cfg.data.num_workers, collate_fn=collate_list
-    )
+    rank, world = rank_and_world()
+    share = range(rank, total, world)
+    loader = DataLoader(Subset(dataset, share), batch_size=1, num_workers=cfg.data.num_workers, collate_fn=collate_list)
     palette = voc_palette()
     cam_fn = partial(model.cam, aux=aux)
 
-    for batch in tqdm(loader, total=total, desc="cam eval", unit="img", disable=not progress, dynamic_ncols=True):
+    bar = tqdm(loader, total=len(share), desc="cam eval", unit="img", disable=not progress or rank != 0,
+               dynamic_ncols=True)  # fmt: skip
+    for batch in bar:
         image_id = batch["id"][0]
         image = batch["image"][0][None].to(device)
         gt = batch["mask"][0].to(device)[None]
@@ -249,30 +259,29 @@ def evaluate_cams(
             high, low, single = refine_cams_with_par(images01, cam, labels, planes, par, cfg.par.scale)
             label = combine_dual_threshold(high, low, None, ignore)
             pseudo_all_cm.update(single, gt)
-            valid = gt < num_classes
-            uncertain = label == ignore
-            ignored += int((uncertain & valid).sum())
-            scored += int(valid.sum())
-            pseudo_cm.update(label, gt.masked_fill(uncertain, ignore))
+            pseudo_cm.update(label, gt.masked_fill(label == ignore, ignore))
             if pseudo_dir is not None:
                 save_mask(_safe_file(Path(pseudo_dir), image_id, ".png"), label[0].cpu().numpy(), palette)
 
+    for cm in (*cams_cm, pseudo_cm, pseudo_all_cm):
+        cm.all_reduce()
+    # pixels with ground truth in [0, C): all of them (pseudo_all_cm) and those the pseudo labels are certain of
+    scored, certain = (int(cm.counts[:num_classes].sum()) for cm in (pseudo_all_cm, pseudo_cm))
     names = list(dataset.classes)
+    pseudo_thresholds = {"fg": cfg.cam.fg_thresh, "bg": cfg.cam.bg_thresh, "single": cfg.cam.infer_bg_thresh}
     return CamEvalResult(
         thresholds=thresholds,
         cam={t: cm.compute(class_names=names) for t, cm in zip(thresholds, cams_cm, strict=True)},
         num_images=total,
         pseudo=pseudo_cm.compute(class_names=names) if pseudo else None,
-        pseudo_ignored_fraction=(ignored / scored if scored else float("nan")) if pseudo else None,
+        pseudo_ignored_fraction=((scored - certain) / scored if scored else float("nan")) if pseudo else None,
         pseudo_all=pseudo_all_cm.compute(class_names=names) if pseudo else None,
         info={
             "classifier": "aux" if aux else "final",
             "scales": list(cfg.cam.scales),
             "flip": True,
             "labels": "from the ground-truth masks",
-            "pseudo_thresholds": {
-                "fg": cfg.cam.fg_thresh, "bg": cfg.cam.bg_thresh, "single": cfg.cam.infer_bg_thresh
-            } if pseudo else None,  # fmt: skip
+            "pseudo_thresholds": pseudo_thresholds if pseudo else None,
         },
     )
 
@@ -290,23 +299,31 @@ def run_cam_eval(
     save_pseudo: bool = False,
     max_images: int | None = None,
     progress: bool = True,
+    work_dir: str | Path | None = None,
 ) -> tuple[CamEvalResult, Path]:
-    """Rebuild the model and dataset from a checkpoint, run :func:`evaluate_cams`, write ``cam_eval.json``.
+    """Rebuild the model and dataset from a model file, run :func:`evaluate_cams`, write ``cam_eval.json``.
 
     Args:
-        checkpoint: A wsss checkpoint (its config names the dataset).
+        checkpoint: A wsss checkpoint or a ``tools/export.py --safetensors`` export (its config names the dataset).
         split: Split name or file of the dataset (needs masks for every id).
         thresholds: Background thresholds to sweep.
-        out: Output folder; default ``<checkpoint dir>/cam_eval_<split>[_aux]``. Exports go to ``out/cams``
-            and ``out/pseudo``.
-        device: Where the model runs.
+        out: Output folder; default ``<work_dir>/cam_eval_<checkpoint name>_<split>[_aux]``. Exports go to
+            ``out/cams`` and ``out/pseudo``. Nothing is written beside the checkpoint.
+        device: Where the model runs (under torchrun: ``cuda`` is each rank's ``cuda:LOCAL_RANK``, with NCCL; ``cpu``
+            uses gloo).
         data_root: Overrides ``data.root`` of the checkpoint's config.
         aux, pseudo, max_images, progress: See :func:`evaluate_cams`.
         save_cams: Export the CAMs. save_pseudo: Export the pseudo labels (implies ``pseudo``).
+        work_dir: Where the default ``out`` goes; default :func:`default_work_dir`.
+
+    Under ``torchrun`` every rank joins the process group and scores its share (:func:`evaluate_cams`); rank 0
+    alone writes ``cam_eval.json``, once every rank's exports are written.
 
     Returns:
-        The result and the JSON file written.
+        The result (every rank's: the scores of all the images) and the JSON file (rank 0 writes it).
     """
+    dist_info = init_distributed(str(device))
+    device = dist_info.device if dist_info.enabled else device
     model, ckpt = model_from_checkpoint(checkpoint, device)
     cfg = config_from_checkpoint(ckpt)
     if data_root is not None:
@@ -314,8 +331,10 @@ def run_cam_eval(
     dataset = VOCSegDataset(cfg.data, tuple(ckpt["mean"]), tuple(ckpt["std"]), split=split)
     if list(dataset.classes) != list(ckpt["classes"]):
         raise ValueError(f"the dataset's classes {dataset.classes} differ from the checkpoint's {ckpt['classes']}")
-    split_name = Path(split).stem
-    out = Path(out) if out is not None else Path(checkpoint).parent / f"cam_eval_{split_name}{'_aux' if aux else ''}"
+    if out is None:
+        work_dir = Path(work_dir) if work_dir is not None else default_work_dir(cfg, checkpoint)
+        out = work_dir / f"cam_eval_{Path(checkpoint).stem}_{Path(split).stem}{'_aux' if aux else ''}"
+    out = Path(out)
     result = evaluate_cams(
         model, dataset, cfg, thresholds, device, aux=aux, pseudo=pseudo or save_pseudo,
         cam_dir=out / "cams" if save_cams else None, pseudo_dir=out / "pseudo" if save_pseudo else None,
@@ -323,5 +342,14 @@ def run_cam_eval(
     )  # fmt: skip
     result.info = {"checkpoint": str(checkpoint), "data_root": cfg.data.root, "split": split, **result.info}
     path = out / "cam_eval.json"
-    atomic_write_text(path, json.dumps(result.to_dict(), indent=2) + "\n")
+    if dist_info.is_main:  # after the sum across ranks, which every rank joins once its exports are written
+        atomic_write_text(path, json.dumps(result.to_dict(), indent=2) + "\n")
     return result, path
+
+
+def default_work_dir(cfg: Config, checkpoint: str | Path) -> Path:
+    """``work_dirs/<run name>`` in the current folder, as mmseg's tools default: the run name is the last part of
+    the work dir the checkpoint was trained in (``work_dirs/voc_centered`` -> ``voc_centered``, the config's name for
+    the configs of ``configs/``), else the name of the checkpoint's folder."""
+    name = Path(cfg.work_dir).name if cfg.work_dir else Path(checkpoint).resolve().parent.name
+    return Path("work_dirs") / name

@@ -1,7 +1,9 @@
 """Scoring folders of predicted label masks against ground-truth masks (``tools/eval.py``).
 
 Masks are matched by their path relative to each folder, without extension, decoded in threads and counted
-with one :class:`wsss.evaluation.metrics.ConfusionMatrix`.
+with one :class:`wsss.evaluation.metrics.ConfusionMatrix`. :func:`evaluate_folders` scores every pixel whose ground
+truth is a class; :func:`evaluate_certain_pixels` leaves out the pixels a prediction marks uncertain (the ignore
+index, as in exported pseudo labels) and counts them (``tools/eval_cams.py``'s "certain pixels only").
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -124,6 +127,66 @@ def evaluate_folders(
         ValueError: No ground truth, predictions missing, a size mismatch, or ground-truth labels outside
             [0, C) that are not ignored (a wrong ``num_classes``); the message names the files.
     """
+    options = dict(class_names=class_names, ids=ids, ignore_index=ignore_index, reduce_zero_label=reduce_zero_label,
+                   metrics=metrics, device=device, num_workers=num_workers, progress=progress)  # fmt: skip
+    return _score_folders(pred_dir, gt_dir, num_classes, certain_only=False, **options).metrics
+
+
+@dataclass
+class CertainPixels:
+    """Result of :func:`evaluate_certain_pixels`.
+
+    Attributes:
+        metrics: The scores of the certain pixels.
+        uncertain: Scored pixels (ground truth in [0, C)) that the predictions mark uncertain, left out of ``metrics``.
+        scored: Pixels whose ground truth is in [0, C), certain or not.
+    """
+
+    metrics: SegMetrics
+    uncertain: int
+    scored: int
+
+    @property
+    def uncertain_fraction(self) -> float:
+        """``uncertain / scored`` (NaN when nothing is scored)."""
+        return self.uncertain / self.scored if self.scored else float("nan")
+
+
+def evaluate_certain_pixels(
+    pred_dir: str | Path, gt_dir: str | Path, num_classes: int, **options: Any
+) -> CertainPixels:
+    """:func:`evaluate_folders` (the same arguments) on the certain pixels only: a pixel predicted ``ignore_index``
+    (uncertain, as in exported pseudo labels) is not scored, and counts in :attr:`CertainPixels.uncertain` when its
+    ground truth is a class. Not comparable with published tables, which score every pixel.
+
+    Raises:
+        ValueError: As :func:`evaluate_folders`, or ``ignore_index`` is a class (< C), so uncertain is a class.
+    """
+    ignore_index = options.get("ignore_index", 255)
+    if ignore_index < num_classes:
+        raise ValueError(
+            f"--certain-only: the uncertain value (--ignore-index {ignore_index}) is one of the {num_classes} classes; "
+            "give the value the predictions mark uncertain pixels with (255)"
+        )
+    return _score_folders(pred_dir, gt_dir, num_classes, certain_only=True, **options)
+
+
+def _score_folders(
+    pred_dir: str | Path,
+    gt_dir: str | Path,
+    num_classes: int,
+    *,
+    certain_only: bool,
+    class_names: Sequence[str] | None = None,
+    ids: Sequence[str] | None = None,
+    ignore_index: int = 255,
+    reduce_zero_label: bool = False,
+    metrics: Sequence[str] = ("mIoU",),
+    device: str | torch.device = "cpu",
+    num_workers: int = 4,
+    progress: bool = False,
+) -> CertainPixels:
+    """The scores of :func:`evaluate_folders`; with ``certain_only`` those of :func:`evaluate_certain_pixels`."""
     gts, preds = index_masks(gt_dir), index_masks(pred_dir)
     if ids is not None:
         ids = [_strip_mask_suffix(i.strip()) for i in ids if i.strip()]
@@ -143,6 +206,7 @@ def evaluate_folders(
         )
 
     cm = ConfusionMatrix(num_classes, ignore_index, reduce_zero_label, device=device)
+    uncertain = scored = 0
     bad_gt: list[str] = []
     bad_pred: list[tuple[Path, int]] = []  # (mask, its predicted pixels outside [0, C))
     pairs = ((k, preds[k], gts[k]) for k in gts)
@@ -155,6 +219,13 @@ def evaluate_folders(
             values = np.unique(gt[~np.isin(gt, [*range(num_classes + reduce_zero_label), ignore_index])])
             bad_gt.append(f"{gts[key]} (labels {values.tolist()})")
         outside = int(counts[:, num_classes].sum())
+        if certain_only:  # pixels predicted ignore_index: not scored, counted where their ground truth is a class
+            marked = pred == ignore_index
+            certain = cm.count(pred, np.where(marked, ignore_index, gt))
+            scored += int(counts[:num_classes].sum())
+            uncertain += int(counts[:num_classes].sum() - certain[:num_classes].sum())
+            outside -= int(marked.sum())
+            counts = certain
         if outside:
             bad_pred.append((preds[key], outside))
         cm.merge(counts)
@@ -170,7 +241,7 @@ def evaluate_folders(
             f"which lowers mIoU: are the predictions from a model of {num_classes} classes?",
             file=sys.stderr,
         )
-    return cm.compute(metrics, class_names=class_names)
+    return CertainPixels(cm.compute(metrics, class_names=class_names), uncertain, scored)
 
 
 def _strip_mask_suffix(name: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-METRICS = ("mIoU", "mDice", "mFscore")
+from wsss.evaluation.constants import METRICS
 
 
 @dataclass

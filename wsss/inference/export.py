@@ -2,8 +2,8 @@
 
 - :func:`save_safetensors`: the model's tensors in a ``.safetensors`` file, with the resolved config, the class
   names, mean/std, step and commit as JSON in its metadata. No optimiser, no random state, no pickle;
-  :func:`load_safetensors` gives back what :func:`~wsss.engine.checkpoint.load_checkpoint` would, so
-  :class:`~wsss.inference.predictor.Segmenter` and :func:`~wsss.engine.checkpoint.model_from_checkpoint` take it.
+  :func:`wsss.model_file.read_model_file` reads it back as it reads a checkpoint, so every tool that needs only the
+  model takes it.
 - :func:`export_onnx`: the single-scale segmentation model, ``image`` (B, 3, H, W) float32 normalised with the
   ``mean``/``std`` stored in the file's metadata -> ``seg`` (B, C, H, W) logits at the input's pixels and
   ``cls`` (B, C-1) classifier logits; B, H and W are dynamic. Made with ``torch.onnx.export(dynamo=True)``
@@ -21,21 +21,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from wsss.engine.checkpoint import model_from_checkpoint
 from wsss.inference.sources import writing
+from wsss.model_file import EXPORT_METADATA_KEYS, model_from_checkpoint
 from wsss.models.segmentor import WSSSModel, resize_to_image
 from wsss.utils.fileio import atomic_write_bytes
 
-__all__ = ["SegmentationExport", "export_onnx", "load_safetensors", "save_safetensors"]
+__all__ = ["SegmentationExport", "export_onnx", "save_safetensors"]
 
 ONNX_OPSET = 18
 """The first opset whose Resize has the antialiasing that timm's position-embedding resampling uses."""
 
-_META_KEYS = ("config", "classes", "mean", "std", "step", "git_commit")
-
 
 def save_safetensors(ckpt: dict[str, Any], path: str | Path) -> None:
-    """Write the weights of ``ckpt`` (a loaded wsss checkpoint) and its description to ``path`` atomically.
+    """Write the weights of ``ckpt`` (a loaded wsss checkpoint) and its description to ``path`` atomically; read it
+    back with :func:`wsss.model_file.read_model_file` (or :func:`~wsss.model_file.load_safetensors`).
 
     Raises:
         OutputError: ``path`` could not be written (a full disk); one line naming it, nothing left there.
@@ -43,41 +42,9 @@ def save_safetensors(ckpt: dict[str, Any], path: str | Path) -> None:
     from safetensors.torch import save
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in ckpt["model"].items()}
-    metadata = {"format": "pt", "wsss": "1", **{k: json.dumps(ckpt.get(k)) for k in _META_KEYS}}
+    metadata = {"format": "pt", "wsss": "1", **{k: json.dumps(ckpt.get(k)) for k in EXPORT_METADATA_KEYS}}
     with writing(path):
         atomic_write_bytes(path, save(tensors, metadata=metadata))
-
-
-def load_safetensors(path: str | Path) -> dict[str, Any]:
-    """Read a :func:`save_safetensors` file as a checkpoint dict (``model``, ``config``, ``classes``, ...).
-
-    Raises:
-        FileNotFoundError: The file is missing.
-        ValueError: The file is not a wsss safetensors export.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
-    except (SafetensorError, OSError) as err:
-        raise ValueError(f"{path}: cannot be read as safetensors ({err})") from None
-    if metadata.get("wsss") != "1":
-        raise ValueError(f"{path}: not a wsss export (no config in its metadata); export it with tools/export.py")
-    ckpt = {"model": tensors}
-    for key in _META_KEYS:
-        try:
-            ckpt[key] = json.loads(metadata[key])
-        except (KeyError, ValueError) as err:
-            raise ValueError(
-                f"{path}: its metadata {key!r} is missing or not JSON ({type(err).__name__}: {err}); export the "
-                "checkpoint again with tools/export.py --safetensors"
-            ) from None
-    return ckpt
 
 
 class SegmentationExport(nn.Module):

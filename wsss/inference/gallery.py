@@ -1,5 +1,20 @@
-"""The HTML gallery of an inference run (``index.html``): input, predicted mask, ground truth (when the input
-is a VOC split with masks), CAM, and a colour legend of the classes present."""
+"""The HTML gallery of an inference run (``index.html``) and the thumbnails it shows.
+
+One row per image: its name, the input thumbnail, the predicted mask in the legend's colours (not blended with the
+photo), the mask over the input, the ground truth in the legend's colours (a VOC split with masks), and one CAM
+thumbnail per present class captioned with its name and probability; above the rows a colour legend of the
+classes in the masks. Columns have fixed widths (:data:`LAYOUT`), images are sized by CSS and the CAM cells wrap,
+so the page fits a 1400 px window with any number of present classes.
+
+Files, ``<stem>`` being the input's relative path without its extension::
+
+    thumbs/<stem>.jpg           input thumbnail, longest side 256 (written by the run)
+    class_cams/<stem>/<k>.jpg   CAM of the class of index k over the thumbnail, one per present class (written by
+                                the run: :func:`write_class_cams`; a folder per image, files named by class index)
+    mask_thumbs/<stem>.png      predicted mask at the thumbnail's size, nearest neighbour, palette PNG (lossless:
+                                the legend's colours exactly); written here, rewritten only when the mask is newer
+    gt/<stem>.png               the ground truth likewise (a VOC split whose masks exist)
+"""
 
 from __future__ import annotations
 
@@ -10,13 +25,23 @@ from urllib.parse import quote
 
 import numpy as np
 from PIL import Image
+from torch import Tensor
 
 from wsss.data.classes import voc_palette
 from wsss.inference.sources import output_paths, writing
-from wsss.inference.visualize import mask_overlay
-from wsss.utils.fileio import atomic_write_text, read_image, read_mask, save_image
+from wsss.inference.visualize import cam_thumbnails, resize_labels
+from wsss.utils.fileio import atomic_write_text, read_mask, save_image, save_mask
 
-__all__ = ["find_ground_truth", "write_gallery"]
+__all__ = [
+    "LAYOUT", "class_cam_paths", "find_ground_truth", "present_indices", "write_class_cams", "write_gallery",
+]  # fmt: skip
+
+LAYOUT = {"name": 140, "cell": 160, "gap": 6, "margin": 8}
+"""Pixels of the page: the name column, an image cell (its image scaled to fit), the gap between cells, the page
+margin. Name, input, mask, overlay and ground truth plus one CAM cell take 140 + 4 * 166 + 160 + 2 * 8 = 980 px;
+in a 1400 px window (less a scrollbar) three CAM cells fit a line, the others wrap."""
+
+_IGNORE = 255
 
 
 def _url(path: str) -> str:
@@ -33,24 +58,103 @@ def find_ground_truth(root: str | Path, mask_dirs: Sequence[str], rels: Sequence
     return {rel: path for rel, path in found.items() if path.is_file()}
 
 
-def _write_truth_overlay(output: Path, rel: str, mask_path: Path) -> str:
-    """``gt/<rel>.jpg``: the ground truth over the thumbnail (nearest-neighbour resized); its relative URL."""
-    thumb = read_image(output_paths(output, rel, ("thumbs",))["thumbs"])
-    mask = Image.fromarray(read_mask(mask_path)).resize((thumb.shape[1], thumb.shape[0]), Image.NEAREST)
-    target = output_paths(output, rel, ("gt",))["gt"]
-    with writing(target):
-        save_image(target, mask_overlay(thumb, np.asarray(mask)))
-    return target.relative_to(output).as_posix()
+def present_indices(entry: dict, classes: Sequence[str]) -> list[int]:
+    """Class indices (into ``classes``, background 0) of a labels entry's ``present`` names, in its order."""
+    index = {name: k for k, name in enumerate(classes)}
+    return [index[name] for name in entry.get("present", []) if name in index]
 
 
-def _legend(classes: Sequence[str], present: set[int]) -> str:
-    palette = voc_palette()
-    items = []
-    for index in sorted(i for i in present if i < len(classes)):
-        r, g, b = (int(v) for v in palette[index])
-        swatch = f'<span style="display:inline-block;width:14px;height:14px;background:rgb({r},{g},{b})"></span>'
-        items.append(f"<span style='margin-right:12px'>{swatch} {html.escape(classes[index])}</span>")
-    return "<p>Classes present: " + "".join(items) + "</p>\n"
+def class_cam_paths(output: Path, rel: str, indices: Sequence[int]) -> dict[int, Path]:
+    """``output/class_cams/<stem>/<k>.jpg`` of input ``rel`` for each class index k: a folder per image and files
+    named by index, so no two images share a file and a class name never becomes a path."""
+    folder = output_paths(output, rel, ("class_cams",))["class_cams"]
+    return {k: folder / f"{k}.jpg" for k in indices}
+
+
+def write_class_cams(output: Path, rel: str, thumb: np.ndarray, cams: Tensor, indices: Sequence[int]) -> None:
+    """Write the CAM thumbnails of input ``rel`` (:func:`class_cam_paths`), and remove those of classes not in
+    ``indices`` left by an earlier run.
+
+    Args:
+        output: The output folder.
+        rel: The input's relative path.
+        thumb: (th, tw, 3) uint8 thumbnail the CAMs are blended over.
+        cams: (K, h, w) CAMs in [0, 1] at the model's resolution
+            (:func:`~wsss.inference.visualize.cam_thumbnails`).
+        indices: The K class indices.
+
+    Raises:
+        OutputError: A file could not be written or removed; the message names it.
+    """
+    paths = class_cam_paths(output, rel, indices)
+    folder = output_paths(output, rel, ("class_cams",))["class_cams"]
+    if folder.is_dir():
+        for old in folder.glob("*.jpg"):
+            if old.stem.isdigit() and int(old.stem) not in paths and old.is_file():
+                with writing(old):
+                    old.unlink(missing_ok=True)
+    for path, picture in zip(paths.values(), cam_thumbnails(thumb, cams), strict=True):
+        with writing(path):
+            save_image(path, picture)
+
+
+def _plain_thumbnail(source: Path, target: Path, size: tuple[int, int]) -> np.ndarray:
+    """Write ``target``: the label map ``source`` at ``size`` (h, w), nearest neighbour, as a palette PNG, unless
+    it is newer than ``source``; return which of the values 0..255 ``source`` holds."""
+    labels = read_mask(source)
+    if not (target.is_file() and target.stat().st_mtime_ns >= source.stat().st_mtime_ns):
+        with writing(target):
+            save_mask(target, resize_labels(labels, size), voc_palette())
+    return np.bincount(labels.ravel(), minlength=256) > 0
+
+
+def _swatch(index: int) -> str:
+    r, g, b = (int(v) for v in voc_palette()[index])
+    return f'<span class="swatch" style="background:rgb({r},{g},{b})"></span>'
+
+
+def _legend(classes: Sequence[str], seen: np.ndarray) -> str:
+    shown = [(k, html.escape(classes[k])) for k in np.flatnonzero(seen[: len(classes)])]
+    shown += [(_IGNORE, f"ignore ({_IGNORE})")] if seen[_IGNORE] else []
+    items = "".join(f'<span class="item">{_swatch(k)} {name}</span>' for k, name in shown)
+    return f'<p class="legend">Classes present: {items}</p>\n'
+
+
+def _cell(src: str | None, href: str | None = None, plain: bool = False, caption: str = "") -> str:
+    if src is None:
+        return '<figure class="cell"></figure>'
+    kind = ' class="labels"' if plain else ""
+    caption = f"<figcaption>{caption}</figcaption>" if caption else ""
+    return (
+        f'<figure class="cell"><a href="{_url(href or src)}"><img src="{_url(src)}"{kind} loading="lazy" alt="">'
+        f"</a>{caption}</figure>"
+    )
+
+
+def _cam_cells(rel: str, entry: dict, classes: Sequence[str]) -> str:
+    scores = entry.get("scores", {})
+    note = " (top-1)" if entry.get("top1_fallback") else ""
+    cells = []
+    for k, path in class_cam_paths(Path(), rel, present_indices(entry, classes)).items():
+        score = f" {scores[classes[k]]:.2f}" if classes[k] in scores else ""
+        cells.append(_cell(path.as_posix(), caption=f"{_swatch(k)} {html.escape(classes[k])}{score}{note}"))
+    return "".join(cells)
+
+
+_STYLE = (
+    ":root{" + "".join(f"--{name}:{px}px;" for name, px in LAYOUT.items()) + "}\n"
+    "body{font-family:sans-serif;margin:var(--margin)}\n"
+    ".legend .item{display:inline-block;margin-right:12px;white-space:nowrap}\n"
+    ".swatch{display:inline-block;width:14px;height:14px;vertical-align:middle;outline:1px solid #999}\n"
+    ".row{display:flex;align-items:flex-start;gap:var(--gap);padding:6px 0;border-top:1px solid #ddd}\n"
+    ".head,.head .name{font-weight:bold;font-size:14px}\n"
+    ".name{flex:0 0 var(--name);overflow-wrap:anywhere;font-size:13px}\n"
+    ".cell{flex:0 0 var(--cell);margin:0}\n"
+    ".cell img{display:block;max-width:var(--cell);max-height:var(--cell)}\n"
+    "img.labels{image-rendering:pixelated}\n"
+    ".cams{flex:1 1 0;min-width:0;display:flex;flex-wrap:wrap;gap:var(--gap)}\n"
+    "figcaption{font-size:12px;overflow-wrap:anywhere}\n"
+)
 
 
 def write_gallery(
@@ -61,58 +165,60 @@ def write_gallery(
     classes: Sequence[str] = (),
     truth: dict[str, Path] | None = None,
 ) -> Path:
-    """Write ``output/index.html``: one row per image with its thumbnail, mask overlay, ground truth and CAM.
+    """Write ``output/index.html`` (see the module docstring), and the mask and ground-truth thumbnails it shows.
 
     Args:
-        output: The inference output folder (``thumbs/``, ``overlays/``, ``cams/``, ``masks/`` of ``rels``).
+        output: The inference output folder: ``thumbs/``, ``overlays/``, ``cams/``, ``masks/`` and ``class_cams/``
+            of ``rels``.
         rels: The images, as relative paths of the input.
-        labels: Per image, the classes shown in its CAM (``image_labels.json``'s entries).
+        labels: Per image, its ``image_labels.json`` entry: the CAM cells show its ``present`` classes with
+            their ``scores``; an image without one shows no CAM.
         cls_thresh: The classifier threshold, for the caption.
-        classes: Class names; with them a colour legend of the classes in the masks (predicted and true).
-        truth: Ground-truth mask per image; a ground-truth column when any is given (overlaid on the thumbnail,
-            written to ``gt/``).
+        classes: Class names, background first (their index names the CAM files and gives the colours).
+        truth: Ground-truth mask per image; a ground-truth column when any is given.
 
     Links are relative (the folder can be moved or served as is); names are HTML-escaped and URLs
     percent-encoded.
 
     Raises:
         OutputError: A file could not be written (a full disk); the message names it.
+        ValueError: A mask could not be read.
     """
     output = Path(output)
     labels, truth = labels or {}, truth or {}
-    present: set[int] = set()
+    seen = np.zeros(256, bool)
     rows = []
     for rel in rels:
-        paths = output_paths(Path(), rel, ("thumbs", "overlays", "cams", "masks"))
-        urls = [_url(paths[kind].as_posix()) for kind in ("thumbs", "overlays")]
-        if truth:
-            urls.append(_url(_write_truth_overlay(output, rel, truth[rel])) if rel in truth else None)
-        urls.append(_url(paths["cams"].as_posix()))
+        paths = output_paths(Path(), rel, ("thumbs", "overlays", "cams", "masks", "mask_thumbs", "gt"))
+        with Image.open(output / paths["thumbs"]) as im:
+            size = im.size[::-1]
+        seen |= _plain_thumbnail(output / paths["masks"], output / paths["mask_thumbs"], size)
         cells = [
-            f'<td><a href="{u}"><img src="{u}" height="160" loading="lazy" alt=""></a></td>' if u else "<td></td>"
-            for u in urls
+            _cell(paths["thumbs"].as_posix()),
+            _cell(paths["mask_thumbs"].as_posix(), paths["masks"].as_posix(), plain=True),
+            _cell(paths["overlays"].as_posix()),
         ]
-        if classes:
-            present.update(np.unique(read_mask(output / paths["masks"])).tolist())
+        if truth:
             if rel in truth:
-                present.update(np.unique(read_mask(truth[rel])).tolist())
-        info = labels.get(rel, {})
-        shown = ", ".join(info.get("cam_classes", []))
-        note = " (top-1)" if info.get("top1_fallback") else ""
-        rows.append(
-            f"<tr><td>{html.escape(rel)}</td>{''.join(cells)}<td>{html.escape(shown)}{html.escape(note)}</td></tr>"
-        )
-    header = "<th>image</th><th>input</th><th>mask</th>" + ("<th>ground truth</th>" if truth else "")
+                seen |= _plain_thumbnail(truth[rel], output / paths["gt"], size)
+            cells.append(_cell(paths["gt"].as_posix(), plain=True) if rel in truth else _cell(None))
+        name = f'{html.escape(rel)}<br><a href="{_url(paths["cams"].as_posix())}">CAMs, full size</a>'
+        cams = _cam_cells(rel, labels.get(rel, {}), classes)
+        cells.append(f'<div class="cams">{cams}</div>')
+        rows.append(f'<div class="row"><div class="name">{name}</div>{"".join(cells)}</div>')
+    heads = ["input", "mask", "mask over input"] + (["ground truth"] if truth else [])
+    head = "".join(f'<div class="cell">{h}</div>' for h in heads)
     page = (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>wsss predictions</title>\n'
-        "<style>body{font-family:sans-serif} td{padding:4px;vertical-align:top}</style></head><body>\n"
-        f"<p>{len(rels)} images. Columns: input, predicted mask, "
-        + ("ground truth, " if truth else "")
-        + f"CAM of the classes the classifier predicts present (sigmoid &gt; {cls_thresh}; top-1 when none).</p>\n"
-        + (_legend(classes, present) if classes else "")
-        + f"<table><tr>{header}<th>CAM</th><th>CAM classes</th></tr>\n"
-        + "\n".join(rows)
-        + "\n</table></body></html>\n"
+        f"<style>\n{_STYLE}</style></head><body>\n"
+        f"<p>{len(rels)} images. Columns: input; predicted mask in the legend's colours (click: full size); the mask "
+        "over the input; "
+        + ("ground truth; " if truth else "")
+        + "the CAM of each class the classifier predicts present (sigmoid &gt; "
+        f"{cls_thresh}; its top-1 class when none), captioned with its probability.</p>\n"
+        + _legend(classes, seen)
+        + f'<div class="row head"><div class="name">image</div>{head}<div class="cams">CAM per present class</div>'
+        "</div>\n" + "\n".join(rows) + "\n</body></html>\n"
     )
     path = output / "index.html"
     with writing(path):

@@ -4,18 +4,39 @@ per image.
     from wsss.inference.predictor import Segmenter
 
     segmenter = Segmenter.from_checkpoint("work_dirs/voc_centered/iter_80000.pth")
-    result = segmenter("photo.jpg", crf=True, cams=True)   # or an (H, W, 3) uint8 RGB array
+    result = segmenter("photo.jpg", crf=True, cams=True)   # or an array, or a PIL image
     result.mask            # (H, W) uint8 class indices into segmenter.classes
-    result.present         # ["dog", "person"]: classes whose image-level probability passes infer.cls_thresh
+    result.present         # ["dog", "person"]: the classes the classifier finds in the image
+    result.cams            # {"dog": (H, W) float32, "person": ...}: the CAM of each present class
+
+What the outputs mean, and how they agree:
+
+- ``present``: the foreground classes whose image-level probability (``class_probs``) exceeds
+  ``infer.cls_thresh``; when none does, the single most probable class (``top1_fallback`` is then True), since
+  a photo given to a segmenter is taken to show something.
+- ``cams``: one CAM per ``present`` class.
+- ``mask``: with ``infer.mask_classes = "present"`` (the default) the argmax (and the CRF) runs over the
+  background and the ``present`` classes only, so every class in the mask is in ``present``; with ``"all"`` (the
+  reference's inference) over every class, so the mask may hold classes the classifier calls absent
+  (docs/reference.md row 18 measures both).
+
+Inputs: an image file (read as :func:`~wsss.utils.fileio.read_image` reads it: EXIF orientation, grayscale,
+palette, RGBA composited on black, 16-bit), a ``PIL.Image`` (converted the same way, without the EXIF rotation,
+so the mask matches the image's pixels), or a uint8 array of shape (H, W), (H, W, 1), (H, W, 3) RGB or (H, W, 4)
+RGBA, in any memory layout.
 
 Every option defaults to the checkpoint's config (``infer.*``). ``tools/infer.py`` and
-:func:`wsss.inference.runner.run_inference` run through :meth:`Segmenter.forward`, so the library and the CLI
+:func:`wsss.inference.runner.run_inference` run through :meth:`Segmenter.predict`, so the library and the CLI
 share one inference path.
+
+Memory: the model sees an image with its longest side at most ``infer.max_size``; the outputs are brought to the
+image's own size a band of rows at a time (:class:`BandResize`), so a 12000 x 12000 photo never holds full-size
+float logits, only the uint8 mask.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,57 +44,212 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
 
-from wsss.config import Config, ConfigError, InferConfig
+from wsss.config import Config, InferConfig
 from wsss.data.transforms import normalize
-from wsss.engine.checkpoint import config_from_checkpoint, load_checkpoint, model_from_checkpoint
 from wsss.inference.crf import crf_labels
-from wsss.inference.export import load_safetensors
+from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
 from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
-from wsss.utils.fileio import read_image
+from wsss.utils.fileio import image_to_rgb, read_image
 
-__all__ = ["Segmentation", "Segmenter", "read_model_file"]
+__all__ = ["BandResize", "Prediction", "Segmentation", "Segmenter", "as_rgb", "row_bands"]
 
 _UNSET: Any = object()
+_MATRIX_CHUNK = 256
+"""Unit vectors resized per call when building an interpolation matrix (bounds its temporary memory)."""
 
 
 @dataclass
 class Segmentation:
-    """What :meth:`Segmenter.__call__` returns for one image of (H, W) pixels.
+    """What :meth:`Segmenter.__call__` returns for one image of (H, W) pixels (the module docstring says how the
+    fields agree).
 
     Attributes:
         mask: (H, W) uint8 class indices into ``classes`` (after the CRF when requested).
         class_probs: Image-level probability of each foreground class (sigmoid of the classifier logits,
             averaged over the TTA passes), by name.
-        present: Foreground classes whose probability exceeds ``infer.cls_thresh``.
-        cams: With ``cams=True``: (H, W) float32 CAM in [0, 1] of each present class (of the most probable
-            class when none is present), by name; else None.
+        present: Foreground classes whose probability exceeds ``infer.cls_thresh``, or the most probable one when
+            none does (``top1_fallback``).
+        top1_fallback: No class passed ``infer.cls_thresh``; ``present`` is the most probable class.
+        cams: With ``cams=True``: (H, W) float32 CAM in [0, 1] of each ``present`` class, by name; else None.
         classes: Every class name, background first.
     """
 
     mask: np.ndarray
     class_probs: dict[str, float]
     present: list[str]
+    top1_fallback: bool
     cams: dict[str, np.ndarray] | None
     classes: list[str]
 
 
-def read_model_file(path: str | Path) -> dict[str, Any]:
-    """A wsss checkpoint (``.pth``) or a ``tools/export.py --safetensors`` export, as a checkpoint dict whose config
-    this version reads.
+def as_rgb(image: Any) -> np.ndarray:
+    """An image given to :class:`Segmenter` as a C-contiguous, writable (H, W, 3) uint8 RGB array (the module
+    docstring lists what is accepted).
 
     Raises:
-        FileNotFoundError: The file is missing.
-        ValueError: The file is neither, or its config does not fit this version (one line naming the file).
+        FileNotFoundError: A path that does not exist.
+        ValueError: A file that is not a readable image, or an array of another kind; the message says the
+            conversion.
     """
-    if Path(path).suffix != ".safetensors":
-        return load_checkpoint(path)
-    ckpt = load_safetensors(path)
-    try:
-        config_from_checkpoint(ckpt)
-    except ConfigError as err:
-        raise ValueError(f"{path}: its config does not fit this version of wsss ({err})") from None
-    return ckpt
+    if isinstance(image, (str, Path)):
+        if not Path(image).exists():
+            raise FileNotFoundError(f"image not found: {image}")
+        return read_image(image)
+    if isinstance(image, Image.Image):
+        return image_to_rgb(image)
+    if isinstance(image, (list, tuple)):
+        raise ValueError(
+            f"expected one image, got a {type(image).__name__} of {len(image)}: call the segmenter once per image, "
+            "or Segmenter.predict([...]) for a batch of same-size (H, W, 3) uint8 images"
+        )
+    if isinstance(image, Tensor):
+        raise ValueError(
+            "expected a numpy array, a PIL image or a path, got a torch.Tensor: pass image.cpu().numpy() "
+            "as (H, W, 3) uint8 RGB"
+        )
+    arr = np.asarray(image)
+    if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[2] not in (1, 3, 4):
+        raise ValueError(
+            f"expected channels last (H, W, 3), got shape {arr.shape} (channels first): pass x.transpose(1, 2, 0)"
+        )
+    if arr.dtype != np.uint8:
+        if np.issubdtype(arr.dtype, np.floating):
+            fix = "values in [0, 1]: (x * 255).round().astype(np.uint8); in [0, 255]: x.round().astype(np.uint8)"
+        else:
+            fix = "scale it to [0, 255] and convert with x.astype(np.uint8)"
+        raise ValueError(f"expected a uint8 image, got {arr.dtype} array of shape {arr.shape}; for {fix}")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[..., 0]
+    if arr.ndim == 2:
+        return np.repeat(arr[..., None], 3, axis=2)
+    if arr.ndim == 3 and arr.shape[2] == 4:
+        return image_to_rgb(Image.fromarray(np.ascontiguousarray(arr), "RGBA"))
+    if arr.ndim != 3 or arr.shape[2] != 3:
+        raise ValueError(
+            f"expected an (H, W), (H, W, 1), (H, W, 3) RGB or (H, W, 4) RGBA uint8 image, got shape {arr.shape}"
+        )
+    if arr.flags.c_contiguous and arr.flags.writeable:
+        return arr
+    return np.array(arr, order="C")  # a view, a PIL buffer or a read-only array: one copy torch can share
+
+
+def row_bands(height: int, width: int, band_pixels: int) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of bands of rows of at most about ``band_pixels`` pixels covering ``height`` rows (0: one
+    band)."""
+    rows = max(1, band_pixels // width) if band_pixels else height
+    for start in range(0, height, rows):
+        yield start, min(start + rows, height)
+
+
+def interpolation_matrix(size_in: int, size_out: int, antialias: bool, device: torch.device) -> Tensor:
+    """(size_out, size_in) float32 weights of 1-D bilinear resizing as ``F.interpolate`` (``align_corners=False``,
+    with or without ``antialias``) computes them: each column is its resize of a unit vector."""
+    columns = []
+    for start in range(0, size_in, _MATRIX_CHUNK):
+        count = min(_MATRIX_CHUNK, size_in - start)
+        units = torch.zeros(count, 1, 1, size_in, device=device)  # along the width: torch resizes an (n, 1)
+        units[torch.arange(count), 0, 0, torch.arange(start, start + count)] = 1.0  # column otherwise (antialias)
+        resized = F.interpolate(units, size=(1, size_out), mode="bilinear", align_corners=False, antialias=antialias)
+        columns.append(resized[:, 0, 0, :])
+    return torch.cat(columns).T.contiguous()
+
+
+class BandResize:
+    """Bilinear resizing (``align_corners=False``) of (..., h, w) maps to (H, W) a band of output rows at a time.
+
+    Bilinear resizing is separable: a band's rows are ``rows[band] @ maps`` with the 1-D weights of
+    :func:`interpolation_matrix` (over the few source rows they touch), then ``F.interpolate`` along the width
+    alone. A band equals the rows of ``F.interpolate(maps, (H, W))`` up to float rounding, and the full-size maps
+    never exist. Maps already at (H, W) are sliced as they are.
+
+    Args:
+        source: (h, w) of the maps.
+        target: (H, W) to resize them to.
+        device: Where the weights live (that of the maps).
+    """
+
+    def __init__(self, source: tuple[int, int], target: tuple[int, int], device: torch.device) -> None:
+        self.source, self.target = tuple(source), tuple(target)
+        self.rows = None
+        if self.source != self.target:
+            self.rows = interpolation_matrix(source[0], target[0], False, device)
+            touched = (self.rows != 0).cpu()
+            self.first = touched.int().argmax(dim=1).tolist()  # the first and last source row of each output row
+            self.last = (source[0] - 1 - touched.flip(1).int().argmax(dim=1)).tolist()
+
+    def band(self, maps: Tensor, start: int, stop: int) -> Tensor:
+        """Rows ``start:stop`` of ``maps`` resized: (..., h, w) -> (..., stop - start, W)."""
+        if self.rows is None:
+            return maps[..., start:stop, :]
+        low, high = min(self.first[start:stop]), max(self.last[start:stop]) + 1
+        rows = self.rows[start:stop, low:high] @ maps[..., low:high, :].float()
+        flat = rows.reshape(1, -1, *rows.shape[-2:])
+        wide = F.interpolate(flat, size=(stop - start, self.target[1]), mode="bilinear", align_corners=False)
+        return wide.reshape(*rows.shape[:-1], self.target[1])
+
+    def full(self, maps: Tensor) -> Tensor:
+        """``maps`` resized whole: (..., h, w) -> (..., H, W)."""
+        return self.band(maps, 0, self.target[0])
+
+
+@dataclass
+class Prediction:
+    """TTA outputs of same-size images at the resolution the model saw (:meth:`Segmenter.predict`), with what
+    brings them to the images' own size a band at a time.
+
+    Attributes:
+        out: ``seg`` (B, C, h, w) logits, ``cls_logits`` (B, C-1), ``cam`` (B, C-1, h, w) or None.
+        size: (H, W) of the images.
+        band_pixels: Pixels per band when resizing (0: one band).
+    """
+
+    out: TTAOutput
+    size: tuple[int, int]
+    band_pixels: int
+
+    def __post_init__(self) -> None:
+        self.resize = BandResize(tuple(self.out.seg.shape[-2:]), self.size, self.out.seg.device)
+
+    def bands(self) -> Iterator[tuple[int, int]]:
+        return row_bands(self.size[0], self.size[1], self.band_pixels)
+
+    def mask(self, i: int, keep: Tensor) -> np.ndarray:
+        """(H, W) uint8 argmax of image ``i``'s logits over the classes ``keep`` (a (C,) bool) allows."""
+        index = keep.nonzero()[:, 0].to(self.out.seg.device)
+        logits = self.out.seg[i, index]
+        mask = np.empty(self.size, np.uint8)
+        for start, stop in self.bands():
+            mask[start:stop] = index[self.resize.band(logits, start, stop).argmax(dim=0)].to(torch.uint8).cpu().numpy()
+        return mask
+
+    def probabilities(self, i: int, keep: Tensor) -> np.ndarray:
+        """(K, H, W) float32 softmax of image ``i``'s logits over the K classes ``keep`` allows (the CRF's
+        input; its labels index ``keep.nonzero()``)."""
+        logits = self.out.seg[i, keep.nonzero()[:, 0].to(self.out.seg.device)]
+        probs = np.empty((logits.shape[0], *self.size), np.float32)
+        for start, stop in self.bands():
+            probs[:, start:stop] = self.resize.band(logits, start, stop).softmax(dim=0).cpu().numpy()
+        return probs
+
+    def cams(self, i: int, classes: Tensor) -> Iterator[tuple[int, Tensor]]:
+        """Bands ``(start, (K, rows, W))`` of the full-size CAMs of image ``i``'s foreground classes ``classes``
+        (a (C-1,) bool)."""
+        if self.out.cam is None:
+            raise ValueError("the CAMs were not computed: call Segmenter.predict with cams=True")
+        cams = self.out.cam[i, classes.to(self.out.cam.device)]
+        for start, stop in self.bands():
+            yield start, self.resize.band(cams, start, stop)
+
+    def small_logits(self, i: int, factor: int) -> np.ndarray:
+        """(C, ceil(H/factor), ceil(W/factor)) float16 logits of image ``i`` (bilinear, antialiased when
+        shrinking): bilinear upsampling to (H, W) recovers the full map."""
+        size = (-(-self.size[0] // factor), -(-self.size[1] // factor))
+        small = F.interpolate(self.out.seg[i : i + 1].float(), size=size, mode="bilinear", align_corners=False,
+                              antialias=True)  # fmt: skip
+        return small[0].to(torch.float16).cpu().numpy()
 
 
 class Segmenter:
@@ -108,13 +284,13 @@ class Segmenter:
         infer: InferConfig | None = None,
     ) -> Segmenter:
         """Rebuild the model from a wsss checkpoint (``.pth``), an export of ``tools/export.py --safetensors``,
-        or what :func:`~wsss.engine.checkpoint.load_checkpoint` returned. ``device`` defaults to CUDA when
+        or what :func:`~wsss.model_file.read_model_file` returned. ``device`` defaults to CUDA when
         available; ``infer``, the inference settings, to the checkpoint's ``infer.*``.
 
         Raises:
             FileNotFoundError: The file is missing.
             ValueError: The file is not a wsss checkpoint, or its config does not describe its weights
-                (:func:`~wsss.engine.checkpoint.model_from_checkpoint`: nothing is built then).
+                (:func:`~wsss.model_file.model_from_checkpoint`: nothing is built then).
         """
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -127,7 +303,63 @@ class Segmenter:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def mask_classes(self, cls_logits: Tensor) -> Tensor:
+        """(C-1,) classifier logits -> (C,) bool: the classes the mask may hold (``infer.mask_classes``): the
+        background and the present classes (top-1 rule), or every class."""
+        if self.cfg.mask_classes == "all":
+            return torch.ones(cls_logits.shape[0] + 1, dtype=torch.bool, device=cls_logits.device)
+        present, _ = predicted_classes(cls_logits, self.cfg.cls_thresh)
+        return torch.cat([present.new_ones(1), present])
+
+    def model_input(self, raw: np.ndarray, size: tuple[int, int], band_pixels: int) -> Tensor:
+        """(3, h, w) normalised model input of an (H, W, 3) uint8 image: at its own size, or downscaled to ``size``
+        (bilinear, antialiased): the width of each band of ``band_pixels`` pixels, then the height of the narrow
+        image, which is ``F.interpolate`` of the whole normalised image up to float rounding without the full-size
+        float image."""
+        if tuple(raw.shape[:2]) == tuple(size):
+            return normalize(raw, self.mean, self.std).to(self.device)
+        narrow = [
+            F.interpolate(normalize(raw[start:stop], self.mean, self.std)[None].to(self.device),
+                          size=(stop - start, size[1]), mode="bilinear", align_corners=False, antialias=True)
+            for start, stop in row_bands(raw.shape[0], raw.shape[1], band_pixels)
+        ]  # fmt: skip
+        x = F.interpolate(torch.cat(narrow, dim=-2), size=size, mode="bilinear", align_corners=False, antialias=True)
+        return x[0]
+
     @torch.no_grad()
+    def predict(
+        self,
+        images: Sequence[np.ndarray],
+        scales: Sequence[float] | None = None,
+        flip: bool | None = None,
+        max_size: int | None = _UNSET,
+        cams: bool = False,
+    ) -> Prediction:
+        """Test-time-augmented outputs of same-size images at the resolution the model sees.
+
+        Args:
+            images: (H, W, 3) uint8 RGB arrays (:func:`as_rgb`), all of one size.
+            scales: TTA scales (default ``infer.scales``).
+            flip: Flip TTA (default ``infer.flip``).
+            max_size: Longest side the model sees: a larger image is downscaled (bilinear, antialiased) and its
+                outputs are brought back to its size by :class:`Prediction` (default ``infer.max_size``; 0 or
+                None: the original size). Bands of ``max_size**2`` pixels bound the resizing's memory.
+            cams: Also compute the CAMs.
+
+        Returns:
+            :class:`Prediction`.
+        """
+        scales = tuple(self.cfg.scales if scales is None else scales)
+        flip = self.cfg.flip if flip is None else flip
+        max_size = (self.cfg.max_size if max_size is _UNSET else max_size) or 0
+        size = tuple(images[0].shape[:2])
+        small = size
+        if max_size and max(size) > max_size:
+            factor = max_size / max(size)
+            small = (max(1, round(size[0] * factor)), max(1, round(size[1] * factor)))
+        x = torch.stack([self.model_input(raw, small, max_size**2) for raw in images])
+        return Prediction(tta_forward(self.model, x, scales, flip, cams=cams), size, max_size**2)
+
     def forward(
         self,
         images: Sequence[np.ndarray],
@@ -136,71 +368,55 @@ class Segmenter:
         max_size: int | None = _UNSET,
         cams: bool = False,
     ) -> TTAOutput:
-        """Test-time-augmented outputs of same-size images at their own size.
-
-        Args:
-            images: (H, W, 3) uint8 RGB arrays, all of one size.
-            scales: TTA scales (default ``infer.scales``).
-            flip: Flip TTA (default ``infer.flip``).
-            max_size: Longest side the model sees: a larger image is downscaled (bilinear, antialiased) and its
-                logits and CAMs are upsampled back (default ``infer.max_size``; 0 or None: the original size).
-            cams: Also compute the CAMs.
-
-        Returns:
-            :class:`~wsss.models.tta.TTAOutput` with ``seg`` (B, C, H, W) and ``cam`` (B, C-1, H, W).
-        """
-        scales = tuple(self.cfg.scales if scales is None else scales)
-        flip = self.cfg.flip if flip is None else flip
-        max_size = self.cfg.max_size if max_size is _UNSET else max_size
-        x = torch.stack([normalize(raw, self.mean, self.std) for raw in images]).to(self.device)
-        size = tuple(x.shape[-2:])
-        if max_size and max(size) > max_size:
-            factor = max_size / max(size)
-            small = (max(1, round(size[0] * factor)), max(1, round(size[1] * factor)))
-            x = F.interpolate(x, size=small, mode="bilinear", align_corners=False, antialias=True)
-        out = tta_forward(self.model, x, scales, flip, cams=cams)
-        if tuple(x.shape[-2:]) != size:
-            out.seg = F.interpolate(out.seg, size=size, mode="bilinear", align_corners=False)
-            if out.cam is not None:
-                out.cam = F.interpolate(out.cam, size=size, mode="bilinear", align_corners=False)
-        return out
+        """:meth:`predict`'s outputs resized whole to the images' size: ``seg`` (B, C, H, W), ``cam``
+        (B, C-1, H, W). Full-size float maps take 4 bytes per class and pixel; :meth:`predict` avoids them."""
+        pred = self.predict(images, scales, flip, max_size, cams)
+        out = pred.out
+        cam = None if out.cam is None else pred.resize.full(out.cam)
+        return TTAOutput(seg=pred.resize.full(out.seg), cls_logits=out.cls_logits, cam=cam)
 
     def __call__(
         self,
-        image: np.ndarray | str | Path,
+        image: np.ndarray | Image.Image | str | Path,
         scales: Sequence[float] | None = None,
         flip: bool | None = None,
         crf: bool = False,
         max_size: int | None = _UNSET,
         cams: bool = False,
     ) -> Segmentation:
-        """Segment one image: an (H, W, 3) uint8 RGB array or an image file.
+        """Segment one image: a file, a ``PIL.Image`` or a uint8 array (:func:`as_rgb`).
 
-        ``scales``, ``flip`` and ``max_size`` are those of :meth:`forward`; ``crf`` refines the mask with the
+        ``scales``, ``flip`` and ``max_size`` are those of :meth:`predict`; ``crf`` refines the mask with the
         dense CRF (constants ``infer.crf``; needs pydensecrf2); ``cams`` also returns the CAMs.
 
         Raises:
-            ValueError: The array is not (H, W, 3) uint8, or the file is not a readable image.
+            FileNotFoundError: A path that does not exist.
+            ValueError: The file is not a readable image, or the array is of a kind :func:`as_rgb` refuses (the
+                message says the conversion).
         """
-        raw = read_image(image) if isinstance(image, (str, Path)) else np.asarray(image)
-        if raw.ndim != 3 or raw.shape[2] != 3 or raw.dtype != np.uint8:
-            raise ValueError(f"expected an (H, W, 3) uint8 RGB image, got {raw.dtype} array of shape {raw.shape}")
-        out = self.forward([raw], scales, flip, max_size, cams)
-        seg, cls_logits = out.seg[0], out.cls_logits[0]
+        raw = as_rgb(image)
+        pred = self.predict([raw], scales, flip, max_size, cams)
+        cls_logits = pred.out.cls_logits[0]
+        keep = self.mask_classes(cls_logits)
         if crf:
-            mask = crf_labels(raw, seg.softmax(dim=0).cpu().numpy(), self.cfg.crf)
+            labels = crf_labels(raw, pred.probabilities(0, keep), self.cfg.crf)
+            mask = keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy()[labels]
         else:
-            mask = seg.argmax(dim=0).to(torch.uint8).cpu().numpy()
+            mask = pred.mask(0, keep)
         names = self.classes[1:]
-        probs = cls_logits.sigmoid().tolist()
-        shown, _ = predicted_classes(cls_logits, self.cfg.cls_thresh)
+        present, top1 = predicted_classes(cls_logits, self.cfg.cls_thresh)
         cam_maps = None
         if cams:
-            cam_maps = {names[k]: out.cam[0, k].cpu().numpy() for k in shown.nonzero()[:, 0].tolist()}
+            chosen = [names[k] for k in present.nonzero()[:, 0].tolist()]
+            cam_maps = {name: np.empty(pred.size, np.float32) for name in chosen}
+            for start, band in pred.cams(0, present):
+                for name, plane in zip(chosen, band, strict=True):
+                    cam_maps[name][start : start + plane.shape[0]] = plane.cpu().numpy()
         return Segmentation(
             mask=mask,
-            class_probs=dict(zip(names, probs, strict=True)),
-            present=[n for n, p in zip(names, probs, strict=True) if p > self.cfg.cls_thresh],
+            class_probs=dict(zip(names, cls_logits.sigmoid().tolist(), strict=True)),
+            present=[n for n, p in zip(names, present.tolist(), strict=True) if p],
+            top1_fallback=top1,
             cams=cam_maps,
             classes=list(self.classes),
         )

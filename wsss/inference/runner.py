@@ -2,22 +2,29 @@
 (:mod:`wsss.models.tta`), the dense CRF pool (:mod:`wsss.inference.crf`) and the outputs.
 
 :func:`run_inference` is what ``tools/infer.py`` calls; every batch goes through
-:meth:`wsss.inference.predictor.Segmenter.forward`, the predictor a Python user calls. Output layout
+:meth:`wsss.inference.predictor.Segmenter.predict`, the predictor a Python user calls. Output layout
 under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages``
 (a VOC root with a split)::
 
-    masks/<rel>.png       palette PNG (VOC palette), values = class indices in [0, C)
+    masks/<rel>.png       palette PNG (VOC palette), values = class indices in [0, C); with
+                          infer.mask_classes = "present" (default) only background and the present classes
     overlays/<rel>.jpg    mask blended over the image (--overlay)
-    cams/<rel>.jpg        CAM heatmap over the image (--cams): max over the classes the classifier
-                          predicts present (sigmoid > 0.5), or its top-1 class when none is
+    cams/<rel>.jpg        CAM heatmap over the image (--cams): max over the present classes
     logits/<rel>.npy      (C, ceil(H/4), ceil(W/4)) float16 TTA logits at 1/4 resolution (--logits);
                           bilinear (align_corners=False) upsampling to (H, W) recovers the full map
     thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
-    gt/<rel>.jpg          ground truth over the thumbnail (--gallery on a VOC split whose masks exist)
-    index.html            gallery: thumbnail, mask overlay, ground truth, CAM, legend of the classes present
-                          (--gallery, which implies --overlay --cams)
-    labels/<rel>.json     the image's classes: those the classifier predicts present, those shown in the CAM
-                          (written with the image's other outputs, so an interrupted run loses none)
+    mask_thumbs/<rel>.png the mask at the thumbnail's size (nearest neighbour, palette PNG: the legend's colours
+                          exactly; --gallery, written with index.html)
+    class_cams/<rel>/<k>.jpg  the CAM of present class k (its index) resized from the model's resolution to the
+                          thumbnail and blended over it (--gallery)
+    gt/<rel>.png          ground truth at the thumbnail's size, palette PNG (--gallery on a VOC split with masks)
+    index.html            gallery, one row per image: input, mask, mask over the input, ground truth, one CAM
+                          cell per present class captioned with its name and score; a colour legend; fits
+                          1400 px (CAM cells wrap) (--gallery, which implies --overlay --cams)
+    labels/<rel>.json     "present": the classes the classifier predicts present (sigmoid > infer.cls_thresh),
+                          or its top-1 class when none is ("top1_fallback": true); "scores": every
+                          foreground class's probability (written with the image's other outputs, so an
+                          interrupted run loses none)
     image_labels.json     every image's labels/ entry in one file, merged at the end of each run
     run.json              the settings of the last run; summary.json: what it did
 
@@ -29,14 +36,16 @@ Batching (:mod:`wsss.inference.batching`): a batch holds images of one size. Eac
 ``n`` images is one forward pass of ``2n`` (with flip). Results are identical to ``batch_size=1`` up to
 float rounding.
 
-Dense CRF (``crf=True``): softmax of the TTA logits, then :func:`wsss.inference.crf.crf_labels` in a pool of
+Dense CRF (``crf=True``): softmax of the TTA logits of the classes the mask may hold, then
+:func:`wsss.inference.crf.crf_labels` in a pool of
 ``CrfConfig.workers`` processes; a job is submitted as soon as an image's logits exist and its mask is
 written when the job finishes, so the model loop does not wait for the CRF (it waits only when more than
 ``2 * workers + batch_size`` jobs are queued, to bound memory).
 
 Size cap: the model sees every image with its longest side at most ``max_size`` (``infer.max_size``, default
-1024; 0: no cap); the masks come back at the image's own size, their argmax taken in bands of rows of at most
-``max_size**2`` pixels, so no single op runs long on a huge image.
+1024; 0: no cap); every output comes back at the image's own size a band of rows of at most ``max_size**2``
+pixels at a time (:class:`~wsss.inference.predictor.Prediction`), so no single op runs long on a huge image and
+no full-size float map is held: a 12000 x 12000 photo costs its uint8 pixels, its mask and bands.
 
 Interrupts: ``tools/infer.py`` turns SIGTERM into ``SystemExit`` (:func:`wsss.utils.lifetime.exit_on_sigterm`),
 raised at the first Python step after the running torch op, which is between two scales, two bands or two
@@ -49,6 +58,14 @@ gallery and ``summary.json`` for the images finished (where space allows) and ra
 :class:`~wsss.inference.sources.OutputError`, one line naming the file and what was kept.
 
 Path safety (and why an output never lands on an input): see :mod:`wsss.inference.sources`.
+
+Under ``torchrun`` (``tools/infer.py --launcher pytorch``): every rank lists the same images and drops name
+collisions on the whole list; rank 0 prepares OUTPUT (stale temporaries, ``run.json``) while the others wait;
+each rank then takes its share (:func:`~wsss.inference.sources.own_shard`: balanced by pixels, the same split
+whatever is already written) and runs the loop above on it with its own decoders and CRF pool; the summaries and
+finished images are gathered, rank 0 writes ``image_labels.json``, the gallery and ``summary.json``, and every
+rank returns the merged summary after a last barrier. A rank with no share still joins every collective. A killed
+rank ends the job through torchrun; its finished images are whole, and any re-run (any number of ranks) skips them.
 """
 
 from __future__ import annotations
@@ -69,8 +86,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -78,11 +93,10 @@ from tqdm import tqdm
 from wsss.config import apply_options
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped
-from wsss.engine.checkpoint import config_from_checkpoint
 from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
-from wsss.inference.gallery import find_ground_truth, write_gallery
-from wsss.inference.predictor import Segmenter, read_model_file
+from wsss.inference.gallery import class_cam_paths, find_ground_truth, present_indices, write_class_cams, write_gallery
+from wsss.inference.predictor import Prediction, Segmenter
 from wsss.inference.sources import (
     FULL_DISK,
     OutputError,
@@ -90,38 +104,35 @@ from wsss.inference.sources import (
     check_output_folder,
     input_files,
     inside,
+    list_file,
     list_folder,
     list_split,
     output_paths,
     overwritten_input,
+    own_shard,
     writing,
 )
-from wsss.inference.visualize import cam_overlay, mask_overlay
+from wsss.inference.visualize import cam_overlay, mask_overlay, thumbnail
+from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.models.tta import predicted_classes
+from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, remove_stale_temporaries, save_image, save_mask
 from wsss.utils.lifetime import die_with_parent
 
 THUMB_SIZE = 256
 
 __all__ = [
-    "InferenceOptions", "InferenceSummary", "LoopSetup", "check_scales", "class_labels", "default_output",
-    "downscale_logits", "run_inference",
+    "InferenceOptions", "InferenceSummary", "LoopSetup", "check_scales", "default_output", "run_inference",
 ]  # fmt: skip
 
 
-def class_labels(seg: Tensor, band_pixels: int) -> np.ndarray:
-    """(C, H, W) logits -> (H, W) uint8 class indices (the argmax over C), in bands of rows of at most about
-    ``band_pixels`` pixels (0: in one op). One argmax over a 12000 x 12000 image ran 17 s on a CPU, in which no
-    signal is handled, and made 1.2 GB of int64 indices."""
-    rows = max(1, band_pixels // seg.shape[-1]) if band_pixels else seg.shape[-2]
-    return torch.cat([band.argmax(dim=0).to(torch.uint8) for band in seg.split(rows, dim=-2)]).cpu().numpy()
-
-
-def downscale_logits(seg: Tensor, factor: int) -> np.ndarray:
-    """(C, H, W) logits -> (C, ceil(H/factor), ceil(W/factor)) float16 numpy (bilinear, antialiased)."""
-    size = (math.ceil(seg.shape[-2] / factor), math.ceil(seg.shape[-1] / factor))
-    small = F.interpolate(seg[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)
-    return small[0].to(torch.float16).cpu().numpy()
+def _cam_overlay(pred: Prediction, i: int, classes: Tensor, raw: np.ndarray) -> np.ndarray:
+    """The heatmap of the max over ``classes``' full-size CAMs of image ``i``, blended over ``raw``, a band of rows
+    at a time."""
+    out = np.empty_like(raw)
+    for start, band in pred.cams(i, classes):
+        out[start : start + band.shape[-2]] = cam_overlay(raw[start : start + band.shape[-2]], band.cpu().numpy())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -253,9 +264,9 @@ def check_scales(scales: Sequence[float], option: str) -> None:
 
 
 def default_output(input_path: str | Path) -> Path:
-    """``INPUT_pred`` beside the input folder (``photos/`` -> ``photos_pred/``)."""
+    """``INPUT_pred`` beside the input folder (``photos/`` -> ``photos_pred/``) or image (``a.jpg`` -> ``a_pred/``)."""
     path = Path(os.path.abspath(input_path))
-    return path.with_name(path.name + "_pred")
+    return path.with_name((path.stem if path.is_file() else path.name) + "_pred")
 
 
 def run_inference(
@@ -265,16 +276,20 @@ def run_inference(
     split: str | None = None,
     options: InferenceOptions | None = None,
     device: str | torch.device = "cpu",
+    list_path: str | Path | None = None,
 ) -> InferenceSummary:
-    """Predict masks (and the optional outputs) for every image of a folder or of a VOC split.
+    """Predict masks (and the optional outputs) for one image, every image of a folder, of a list or of a VOC split.
 
     Args:
-        checkpoint: A wsss checkpoint; the model and its preprocessing are rebuilt from it alone.
-        input_path: A folder of images (recursive), or with ``split`` a VOC-layout root.
+        checkpoint: A wsss checkpoint or export; the model and its preprocessing are rebuilt from it alone.
+        input_path: An image file; a folder of images (recursive); with ``list_path`` the folder its paths are
+            relative to; with ``split`` a VOC-layout root.
         output: Output folder; default :func:`default_output` of ``input_path``.
         split: A split name or file; images are read from ``input_path/JPEGImages``.
         options: What to compute and write.
         device: Where the model runs.
+        list_path: A text file of image paths under ``input_path``, one per line
+            (:func:`~wsss.inference.sources.list_file`).
 
     Returns:
         The :class:`InferenceSummary` (also written to ``output/summary.json``).
@@ -289,10 +304,15 @@ def run_inference(
     opts = options or InferenceOptions()
     opts.check()
     input_path = Path(input_path)
-    if not input_path.is_dir():
-        raise FileNotFoundError(f"input folder not found: {input_path}")
+    single = input_path.is_file()
+    if single and (split is not None or list_path is not None):
+        option = "--split" if split is not None else "--list"
+        raise ValueError(f"{option} needs a folder as INPUT, got the file {input_path}")
+    if not single and not input_path.is_dir():
+        raise FileNotFoundError(f"input not found: {input_path} (an image file or a folder of images)")
+    folder = input_path.parent if single else input_path
     output = Path(output) if output is not None else default_output(input_path)
-    check_output_folder(input_path, output)
+    check_output_folder(folder, output)
 
     ckpt = read_model_file(checkpoint)
     cfg = apply_options(config_from_checkpoint(ckpt), opts.cfg_options, prefix="infer.")
@@ -301,34 +321,47 @@ def run_inference(
     flip = cfg.infer.flip if opts.flip is None else opts.flip
     max_size = cfg.infer.max_size if opts.max_size is None else opts.max_size
     mask_dirs = (cfg.data.mask_dir, "SegmentationClass")
+    truth = {}
     if split is not None:
         sources, skipped = list_split(input_path, split, opts.follow_symlinks)
         truth = find_ground_truth(input_path, mask_dirs, [s.rel for s in sources])
-        inputs = input_files([*(s.path for s in sources), *truth.values()])
+    elif list_path is not None:
+        sources, skipped = list_file(input_path, list_path, opts.follow_symlinks)
+    elif single:
+        sources, skipped = [Source(input_path.name, input_path)], []
     else:
         sources, skipped = list_folder(input_path, exclude=output, follow_symlinks=opts.follow_symlinks)
-        inputs = input_files(s.path for s in sources)
-
-    with writing(output):
-        output.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(output, recursive=True)  # of killed runs; a live run's are kept
-    summary = InferenceSummary(output=output, skipped=skipped)
+    inputs = input_files([*(s.path for s in sources), *truth.values()])
+    kinds = opts.kinds()
+    sources, collisions = _claim(sources, output, kinds)
     settings = {
         "checkpoint": os.path.realpath(checkpoint),
         "input": os.path.realpath(input_path),
         "split": split,
+        "list": None if list_path is None else os.path.realpath(list_path),
         "scales": list(scales),
         "flip": flip,
         "max_size": max_size,
+        "mask_classes": cfg.infer.mask_classes,
         "crf": opts.crf,
         "crf_config": asdict(cfg.infer.crf) if opts.crf else None,
     }
-    kinds = opts.kinds()
-    todo, finished = _plan(sources, output, kinds, opts.overwrite, summary, inputs)
-    _check_previous_settings(output, settings, summary, opts.overwrite)
-    _save(output / "run.json", atomic_write_text, json.dumps({**settings, "outputs": kinds}, indent=2) + "\n")
+    rank, _ = rank_and_world()
+    changed: list[str] = []
+    try:  # rank 0 prepares OUTPUT; the others write nothing before it is done
+        if rank == 0:
+            with writing(output):
+                output.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(output, recursive=True)  # of killed runs; a live run's are kept
+            changed = _changed_settings(output, settings)
+            _save(output / "run.json", atomic_write_text, json.dumps({**settings, "outputs": kinds}, indent=2) + "\n")
+    finally:
+        barrier()
 
+    summary = InferenceSummary(output=output)
+    todo, finished = _plan(own_shard(sources), output, kinds, opts.overwrite, summary, inputs)
     failures: list[OutputError] = []
+    handled = 0
     with ExitStack() as stack:
         pool = None
         if opts.crf and todo:  # workers start before the model exists (see CrfPool)
@@ -345,32 +378,101 @@ def run_inference(
         except OutputError as err:  # a full disk: keep what is finished, say what is not
             failures.append(err)
         summary.seconds = time.perf_counter() - tic
+        handled = loop.handled
     finished += loop.finished
-    unwritten = []
+    parts = all_gather_objects((summary, finished, failures, len(todo) - handled, changed))
+    summary = _merged([part[0] for part in parts], output, skipped + collisions)
+    finished = sorted({rel for part in parts for rel in part[1]})
+    failures = [err for part in parts for err in part[2]]
+    left = sum(part[3] for part in parts)
+    changed = parts[0][4]
+    if changed and summary.existing and not opts.overwrite:
+        summary.notes.append(
+            f"{summary.existing} images were kept from an earlier run with other settings ({', '.join(changed)}); "
+            "rerun with --overwrite to redo them"
+        )
+    unwritten: list[str] = []
+    try:  # rank 0 merges the run files; every rank leaves once they are written
+        if rank == 0:
+            _write_run_files(output, finished, ckpt["classes"], cfg.infer.cls_thresh, truth if opts.gallery else None,
+                             summary, failures, unwritten, left)  # fmt: skip
+    finally:
+        barrier()
+    if failures:
+        raise _stopped(failures[0], summary.done, left, unwritten)
+    return summary
+
+
+def _claim(sources: list[Source], output: Path, kinds: list[str]) -> tuple[list[Source], list[Skipped]]:
+    """Sources whose outputs no earlier source takes (``a.jpg`` and ``a.png`` both write ``masks/a.png``), and the
+    others skipped; decided on the whole list before it is shared out, so no two ranks write one file."""
+    kept, skipped, claimed = [], [], {}
+    for src in sources:
+        key = output_paths(output, src.rel, ["masks"])["masks"].as_posix()
+        if key in claimed:
+            skipped.append(Skipped(src.rel, f"its outputs would overwrite those of {claimed[key]}"))
+        else:
+            claimed[key] = src.rel
+            kept.append(src)
+    return kept, skipped
+
+
+def _merged(parts: list[InferenceSummary], output: Path, listed: list[Skipped]) -> InferenceSummary:
+    """One summary of every rank's: counts summed, the slowest rank's time, the files skipped when listing (the same
+    on every rank) and by each rank, sorted by path."""
+    skipped = sorted([*listed, *(s for part in parts for s in part.skipped)], key=lambda s: s.path)
+    return InferenceSummary(
+        output=output,
+        done=sum(part.done for part in parts),
+        existing=sum(part.existing for part in parts),
+        skipped=skipped,
+        seconds=max(part.seconds for part in parts),
+        notes=[note for part in parts for note in part.notes],
+    )
+
+
+def _write_run_files(
+    output: Path,
+    finished: list[str],
+    classes: list[str],
+    threshold: float,
+    truth: dict[str, Path] | None,
+    summary: InferenceSummary,
+    failures: list[OutputError],
+    unwritten: list[str],
+    left: int,
+) -> None:
+    """``image_labels.json``, the gallery (``truth`` not None: the ground truth of each image that has one) and
+    ``summary.json`` of the finished images; a file that cannot be written adds its error to ``failures`` and its
+    name to ``unwritten``."""
     try:
-        labels = _update_labels_file(output, finished, ckpt["classes"], cfg.infer.cls_thresh)
+        labels = _update_labels_file(output, finished, classes, threshold)
     except OutputError as err:
         failures.append(err)
         unwritten.append("image_labels.json")
         labels = {}
-    if opts.gallery:
-        shown = [rel for rel in sorted(set(finished)) if all(p.is_file() for p in _paths_for_gallery(output, rel))]
-        shown_truth = {rel: truth[rel] for rel in shown if rel in truth} if split is not None else {}
+    if truth is not None:
+        missing = {rel: _missing_for_gallery(output, rel, labels, classes) for rel in finished}
+        shown = [rel for rel, lost in missing.items() if lost is None]
+        left_out = [lost for lost in missing.values() if lost is not None]
+        if left_out:
+            n = len(left_out)
+            summary.notes.append(
+                f"{n} finished image{'s' * (n != 1)} {'is' if n == 1 else 'are'} left out of index.html: gallery "
+                f"files are missing (such as {left_out[0]}); --overwrite redoes them"
+            )
         try:
-            write_gallery(output, shown, labels, cfg.infer.cls_thresh, ckpt["classes"], shown_truth)
+            write_gallery(output, shown, labels, threshold, classes, {rel: truth[rel] for rel in shown if rel in truth})
         except OutputError as err:
             failures.append(err)
             unwritten.append("index.html")
     if failures:
-        summary.error = str(_stopped(failures[0], summary.done, len(todo) - loop.handled, unwritten))
+        summary.error = str(_stopped(failures[0], summary.done, left, unwritten))
     try:
         _save(output / "summary.json", atomic_write_text, json.dumps(summary.to_dict(), indent=2) + "\n")
     except OutputError as err:
         failures.append(err)
         unwritten.append("summary.json")
-    if failures:
-        raise _stopped(failures[0], summary.done, len(todo) - loop.handled, unwritten)
-    return summary
 
 
 def _stopped(failure: OutputError, done: int, left: int, unwritten: list[str]) -> OutputError:
@@ -392,8 +494,14 @@ def _save(path: Path, save: Callable[..., None], *args: Any) -> None:
         save(path, *args)
 
 
-def _paths_for_gallery(output: Path, rel: str) -> list[Path]:
-    return list(output_paths(output, rel, ("thumbs", "overlays", "cams")).values())
+def _missing_for_gallery(output: Path, rel: str, labels: dict[str, dict], classes: list[str]) -> Path | None:
+    """The first file that the gallery row of ``rel`` needs and a run writes that is missing (its labels entry, its
+    thumbnail, overlay, CAM, mask and the CAM thumbnail of each present class), or None."""
+    if rel not in labels:
+        return output_paths(output, rel, ("labels",))["labels"]
+    paths = output_paths(output, rel, ("thumbs", "overlays", "cams", "masks")).values()
+    cams = class_cam_paths(output, rel, present_indices(labels[rel], classes)).values()
+    return next((p for p in (*paths, *cams) if not p.is_file()), None)
 
 
 def _plan(
@@ -405,12 +513,12 @@ def _plan(
     inputs: dict[tuple[int, int], Path],
 ) -> tuple[list[tuple[Source, dict[str, Path]]], list[str]]:
     """Split sources into those to run and those already done; skip unsafe outputs (outside OUTPUT, or one of the
-    ``inputs`` files of :func:`~wsss.inference.sources.input_files`) and name collisions."""
-    todo, done, claimed = [], [], {}
+    ``inputs`` files of :func:`~wsss.inference.sources.input_files`)."""
+    todo, done = [], []
     for src in sources:
         paths = output_paths(output, src.rel, kinds)
-        gallery_gt = output_paths(output, src.rel, ["gt"]) if "thumbs" in kinds else {}
-        written = [*paths.values(), *gallery_gt.values()]
+        gallery = output_paths(output, src.rel, ["gt", "mask_thumbs", "class_cams"]) if "thumbs" in kinds else {}
+        written = [*paths.values(), *gallery.values()]
         escaped = [p for p in written if not inside(p, output)]
         if escaped:
             reason = f"output {escaped[0]} resolves outside the output folder ({os.path.realpath(escaped[0])})"
@@ -421,11 +529,6 @@ def _plan(
             reason = f"its output {clash[0]} is the input file {clash[1]}; an output never overwrites an input"
             summary.skipped.append(Skipped(src.rel, reason))
             continue
-        key = paths["masks"].as_posix()
-        if key in claimed:
-            summary.skipped.append(Skipped(src.rel, f"its outputs would overwrite those of {claimed[key]}"))
-            continue
-        claimed[key] = src.rel
         if not overwrite and all(p.is_file() for p in paths.values()):
             summary.existing += 1
             done.append(src.rel)
@@ -434,18 +537,14 @@ def _plan(
     return todo, done
 
 
-def _check_previous_settings(output: Path, settings: dict, summary: InferenceSummary, overwrite: bool) -> None:
+def _changed_settings(output: Path, settings: dict) -> list[str]:
+    """The settings that differ from those of the earlier run in ``output`` (its ``run.json``)."""
     try:
         previous = json.loads((output / "run.json").read_text())
     except (OSError, ValueError):
-        return
-    keys = ("checkpoint", "scales", "flip", "max_size", "crf", "crf_config")
-    changed = [k for k in keys if previous.get(k) != settings[k]]
-    if changed and summary.existing and not overwrite:
-        summary.notes.append(
-            f"{summary.existing} images were kept from an earlier run with other settings ({', '.join(changed)}); "
-            "rerun with --overwrite to redo them"
-        )
+        return []
+    keys = ("checkpoint", "scales", "flip", "max_size", "mask_classes", "crf", "crf_config")
+    return [k for k in keys if previous.get(k) != settings[k]]
 
 
 def _update_labels_file(output: Path, finished: list[str], classes: list[str], threshold: float) -> dict[str, dict]:
@@ -504,7 +603,7 @@ class _InferenceLoop:
     def __init__(self, setup: LoopSetup, summary: InferenceSummary, pool: CrfPool | None) -> None:
         self.setup, self.summary, self.pool = setup, summary, pool
         self.palette = voc_palette()
-        self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, Future]] = deque()
+        self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, np.ndarray, Future]] = deque()
         self.finished: list[str] = []
         self.handled = 0
         """Images finished or skipped so far."""
@@ -540,46 +639,46 @@ class _InferenceLoop:
         self.bar.update(1)
 
     def _run_batch(self, batch: list[tuple[Source, dict[str, Path], np.ndarray]]) -> None:
-        setup = self.setup
+        setup, segmenter = self.setup, self.setup.segmenter
         images = [raw for _, _, raw in batch]
-        max_size = setup.max_size or None  # 0: no cap
-        out = setup.segmenter.forward(images, setup.scales, setup.flip, max_size, cams="cams" in setup.kinds)
-        threshold = setup.segmenter.cfg.cls_thresh
+        pred = segmenter.predict(images, setup.scales, setup.flip, setup.max_size, cams="cams" in setup.kinds)
+        names = segmenter.classes[1:]
         for i, (src, paths, raw) in enumerate(batch):
-            seg = out.seg[i]
-            shown, top1 = predicted_classes(out.cls_logits[i], threshold)
-            present = out.cls_logits[i].sigmoid() > threshold
-            names = setup.segmenter.classes[1:]
+            cls_logits = pred.out.cls_logits[i]
+            present, top1 = predicted_classes(cls_logits, segmenter.cfg.cls_thresh)
             entry = {
-                "classes": setup.segmenter.classes,
+                "classes": segmenter.classes,
                 "present": [n for n, p in zip(names, present.tolist(), strict=True) if p],
-                "cam_classes": [n for n, p in zip(names, shown.tolist(), strict=True) if p],
                 "top1_fallback": top1,
+                "scores": {n: round(p, 4) for n, p in zip(names, cls_logits.sigmoid().tolist(), strict=True)},
             }
             _save(paths["labels"], atomic_write_text, json.dumps(entry) + "\n")  # before the mask, which marks it done
             if "logits" in paths:
-                _save(paths["logits"], _save_npy, downscale_logits(seg, setup.logits_stride))
+                _save(paths["logits"], _save_npy, pred.small_logits(i, setup.logits_stride))
             if "cams" in paths:
-                _save(paths["cams"], save_image, cam_overlay(raw, out.cam[i][shown].cpu().numpy()))
-            if "thumbs" in paths:
-                thumb = Image.fromarray(raw)
-                thumb.thumbnail((THUMB_SIZE, THUMB_SIZE))
-                _save(paths["thumbs"], save_image, np.asarray(thumb))
+                _save(paths["cams"], save_image, _cam_overlay(pred, i, present, raw))
+            if "thumbs" in paths:  # the thumbnail last: it marks the image's CAM thumbnails complete
+                thumb = thumbnail(raw, THUMB_SIZE)
+                shown = present.nonzero()[:, 0]
+                cams = pred.out.cam[i, shown.to(pred.out.cam.device)]
+                write_class_cams(self.summary.output, src.rel, thumb, cams, (shown + 1).tolist())
+                _save(paths["thumbs"], save_image, thumb)
+            keep = segmenter.mask_classes(cls_logits)
             if self.pool is not None:
-                probs = seg.softmax(dim=0).cpu().numpy()
-                self.pending.append((src, paths, raw, self.pool.submit(raw, probs)))
+                job = self.pool.submit(raw, pred.probabilities(i, keep))
+                self.pending.append((src, paths, raw, keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy(), job))
             else:
-                self._finish(src, paths, raw, class_labels(seg, setup.max_size**2))
+                self._finish(src, paths, raw, pred.mask(i, keep))
         self._collect(block=False)
 
     def _collect(self, block: bool) -> None:
         """Write the masks of finished CRF jobs (in submission order); with ``block``, wait for all. Also
         waits for the oldest job while more than ``2 * workers + batch_size`` are queued."""
         limit = 0 if block else 2 * (self.pool.workers if self.pool else 0) + self.setup.batch_size
-        while self.pending and (self.pending[0][3].done() or len(self.pending) > limit):
-            src, paths, raw, future = self.pending.popleft()
+        while self.pending and (self.pending[0][-1].done() or len(self.pending) > limit):
+            src, paths, raw, index, future = self.pending.popleft()
             try:
-                mask = future.result()
+                mask = index[future.result()]  # the CRF's labels index the classes it was given
             except Exception as err:  # a failed CRF job skips its image, the run goes on
                 self.summary.skipped.append(Skipped(src.rel, f"dense CRF failed ({type(err).__name__}: {err})"))
                 self._advance()

@@ -21,20 +21,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from PIL import Image
+
 from wsss.data.folder import Skipped, scan_folder
 from wsss.data.paths import followable, inside, safe_relative
 from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
+from wsss.utils.distributed import all_gather_objects, balanced_shards, rank_and_world
 
 __all__ = [
-    "FULL_DISK", "OUTPUT_KINDS", "OutputError", "Source", "check_output_folder", "followable", "input_files", "inside",
-    "list_folder", "list_split", "output_paths", "overwritten_input", "safe_relative", "writing",
+    "FULL_DISK", "OUTPUT_KINDS", "OutputError", "Source", "check_output_folder", "followable", "image_pixels",
+    "input_files", "inside", "list_file", "list_folder", "list_split", "output_paths", "overwritten_input",
+    "own_shard", "safe_relative", "writing",
 ]  # fmt: skip
 
 OUTPUT_KINDS = {
     "masks": ".png", "labels": ".json", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg",
-    "gt": ".jpg",
+    "mask_thumbs": ".png", "class_cams": "", "gt": ".png",
 }  # fmt: skip
-"""The folders under OUTPUT that mirror the input's relative paths, with the suffix of their files."""
+"""The folders under OUTPUT that mirror the input's relative paths, with the suffix of their files; ``class_cams``
+holds a folder per image (one file per class, :func:`wsss.inference.gallery.class_cam_paths`)."""
 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a write to a full disk (or a full quota)."""
@@ -46,6 +51,32 @@ class Source:
 
     rel: str
     path: Path
+
+
+def image_pixels(path: str | Path) -> int:
+    """Width x height of an image from its header (nothing is decoded); 0 when it cannot be read."""
+    try:
+        with Image.open(path) as im:
+            return im.width * im.height
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return 0
+
+
+def own_shard(sources: list[Source]) -> list[Source]:
+    """This rank's share of ``sources`` under ``torchrun`` (all of them in one process).
+
+    Every rank must call it with the same sorted list. Each reads the headers of every ``world``-th image, the
+    pixel counts are gathered, and :func:`~wsss.utils.distributed.balanced_shards` splits the list by pixels
+    (largest first to the least loaded rank): the same split on every rank, whatever any rank has already
+    written, so each image belongs to exactly one rank. A rank may get none.
+    """
+    rank, world = rank_and_world()
+    if world == 1:
+        return sources
+    mine = {i: image_pixels(sources[i].path) for i in range(rank, len(sources), world)}
+    pixels = {i: n for part in all_gather_objects(mine) for i, n in part.items()}
+    shard = balanced_shards([pixels[i] for i in range(len(sources))], world)[rank]
+    return [sources[i] for i in shard]
 
 
 def list_folder(
@@ -74,6 +105,51 @@ def list_folder(
             skipped.append(Skipped(rel, reason))
             continue
         sources.append(Source(PurePosixPath(Path(rel)).as_posix(), path))
+    return sources, skipped
+
+
+def list_file(
+    root: str | Path, listing: str | Path, follow_symlinks: bool = False
+) -> tuple[list[Source], list[Skipped]]:
+    """Images under ``root`` named by a text file (``--list``): one path per line, relative to ``root`` or absolute
+    inside it; blank lines and lines starting with ``#`` are ignored, Windows separators read as ``/``.
+
+    Lines that are unsafe (climbing out with ``..``, absolute outside ``root``), name no regular file, or resolve
+    outside ``root`` (unless ``follow_symlinks`` and a symlink to a regular file) are skipped with a reason
+    naming the line; a path listed twice is read once.
+
+    Raises:
+        FileNotFoundError: ``root`` or ``listing`` is missing.
+        ValueError: ``listing`` is not UTF-8 text (one line naming it).
+    """
+    root, listing = Path(root), Path(listing)
+    if not listing.is_file():
+        raise FileNotFoundError(f"--list: file not found: {listing}")
+    try:
+        lines = listing.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{listing}: --list must be UTF-8 text, one image path per line ({err.reason})") from None
+    sources, skipped, seen = [], [], set()
+    for number, line in enumerate(lines, 1):
+        name = line.strip()
+        if not name or name.startswith("#"):
+            continue
+        where = f"{listing}:{number}"
+        if os.path.isabs(name) and Path(os.path.abspath(name)).is_relative_to(os.path.abspath(root)):
+            name = Path(os.path.abspath(name)).relative_to(os.path.abspath(root)).as_posix()
+        rel = safe_relative(name)
+        if rel is None:
+            skipped.append(Skipped(name, f"{where}: not a path inside the input folder {root}"))
+            continue
+        path = root / rel
+        if not path.is_file():
+            skipped.append(Skipped(rel, f"{where}: no such file under {root}"))
+        elif not inside(path, root) and not followable(path, follow_symlinks):
+            outside = f"resolves outside the input folder ({os.path.realpath(path)})"
+            skipped.append(Skipped(rel, f"{where}: {outside}; --follow-symlinks reads it"))
+        elif rel not in seen:
+            seen.add(rel)
+            sources.append(Source(rel, path))
     return sources, skipped
 
 
@@ -106,8 +182,8 @@ def list_split(root: str | Path, split: str, follow_symlinks: bool = False) -> t
 
 
 def output_paths(output: Path, rel: str, kinds: Iterable[str]) -> dict[str, Path]:
-    """Output file of each kind (``masks``, ``labels``, ``overlays``, ``cams``, ``logits``, ``thumbs``, ``gt``) for
-    input ``rel``."""
+    """Output path of each kind of :data:`OUTPUT_KINDS` (a file, or for ``class_cams`` a folder) for input
+    ``rel``."""
     stem = PurePosixPath(rel).with_suffix("")
     return {k: output / k / f"{stem}{OUTPUT_KINDS[k]}" for k in kinds}
 
@@ -178,10 +254,13 @@ class OutputError(OSError):
         why = f"the disk is full ({error.strerror})" if full else (error.strerror or str(error))
         then = consequence or "nothing was written there" + ("; free space and run again" if full else "")
         super().__init__(error.errno, f"cannot write {path}: {why}; {then}")
-        self.path, self.error = Path(path), error
+        self.path, self.error, self.consequence = Path(path), error, consequence
 
     def __str__(self) -> str:
         return self.strerror
+
+    def __reduce__(self) -> tuple:  # whole through pickle: ranks gather each other's errors
+        return type(self), (self.path, self.error, self.consequence)
 
 
 @contextmanager

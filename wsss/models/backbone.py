@@ -302,7 +302,8 @@ def load_timm_checkpoint(vit: VisionTransformer, path: str | Path) -> None:
 
     Raises:
         FileNotFoundError: The file does not exist.
-        ValueError: The file is not a state_dict of this architecture; the message names the file.
+        ValueError: The file is not a state_dict of this architecture, or is a whole wsss model (a checkpoint or a
+            ``tools/export.py --safetensors`` export, which ``model.load_from`` takes); one line naming the file.
     """
     path = Path(path)
     fix = (
@@ -311,10 +312,18 @@ def load_timm_checkpoint(vit: VisionTransformer, path: str | Path) -> None:
     )
     if not path.is_file():
         raise FileNotFoundError(f"pretrained checkpoint not found: {path}. {fix}")
+    whole_model = (
+        f"{path} is a whole wsss model (backbone, heads and classes), not backbone weights: to start a run from it "
+        f"set model.load_from={path} (model.pretrained is then not used)"
+    )
+    if _is_wsss_export(path):
+        raise ValueError(whole_model)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         raise ValueError(f"cannot read {path} with torch.load(weights_only=True): {err}. {fix}") from err
+    if isinstance(obj, Mapping) and "model" in obj and "config" in obj:  # a checkpoint written by tools/train.py
+        raise ValueError(whole_model)
     for key in ("model", "state_dict"):
         if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
             obj = obj[key]
@@ -339,6 +348,18 @@ def load_timm_checkpoint(vit: VisionTransformer, path: str | Path) -> None:
             f"{path} does not fit the backbone: missing keys {_head(result.missing_keys)}, unexpected keys "
             f"{_head(result.unexpected_keys)}. {fix}"
         )
+
+
+def _is_wsss_export(path: Path) -> bool:
+    """Whether ``path`` is a safetensors file that ``tools/export.py --safetensors`` wrote (``wsss`` in its
+    metadata), whatever its name."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("wsss") == "1"
+    except (SafetensorError, OSError):
+        return False
 
 
 def _head(keys: Sequence[str], n: int = 8) -> str:

@@ -1,4 +1,5 @@
-"""Builders: config dataclasses in, models out (the models themselves take plain keyword arguments).
+"""Builders: config dataclasses in, models out (the models themselves take plain keyword arguments); a built model
+started from another's weights for fine-tuning (:func:`load_initial_weights`, ``model.load_from``).
 
 ``wsss.models`` never imports :mod:`wsss.config`; the builders read the config objects' attributes, so any
 object with the fields of :class:`wsss.config.ModelConfig` / :class:`wsss.config.AttentionConfig` works.
@@ -6,7 +7,10 @@ object with the fields of :class:`wsss.config.ModelConfig` / :class:`wsss.config
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from wsss.models.backbone import ViTBackbone, build_backbone
 from wsss.models.segmentor import WSSSModel
@@ -15,7 +19,11 @@ from wsss.models.variants import get_variant
 if TYPE_CHECKING:  # annotations only: no import of wsss.config at run time
     from wsss.config import AttentionConfig, ModelConfig
 
-__all__ = ["attention_args", "build_model", "build_model_backbone"]
+__all__ = ["CLASS_HEADS", "attention_args", "build_model", "build_model_backbone", "load_initial_weights"]
+
+CLASS_HEADS = ("classifier", "aux_classifier", "decoder.cls")
+"""The layers of :class:`~wsss.models.segmentor.WSSSModel` with one output per class: the final and auxiliary
+classifiers and the decoder's last 1x1 conv."""
 
 
 def attention_args(cfg: AttentionConfig) -> dict[str, Any]:
@@ -61,3 +69,34 @@ def build_model(cfg: ModelConfig, num_classes: int) -> WSSSModel:
         decoder_dilation=cfg.decoder_dilation,
         kaiming_init=cfg.head_init == "kaiming",
     )
+
+
+def load_initial_weights(model: WSSSModel, weights: Mapping[str, torch.Tensor], same_classes: bool) -> list[str]:
+    """Start ``model`` (just built) from ``weights``, another :class:`WSSSModel`'s state_dict, for fine-tuning.
+
+    With ``same_classes`` (the same class names, in order) every weight is loaded. Otherwise each layer of
+    :data:`CLASS_HEADS` keeps the initialisation ``model`` was built with (a fresh model's) and the rest is loaded.
+
+    Returns:
+        The names of the class heads left at their fresh initialisation (empty with ``same_classes``).
+
+    Raises:
+        ValueError: A weight to load is missing, unexpected or of another shape (another architecture); the
+            message lists the first three differences.
+    """
+    fresh = [] if same_classes else list(CLASS_HEADS)
+    prefixes = tuple(f"{name}." for name in fresh)
+    own = {k: v for k, v in model.state_dict().items() if not k.startswith(prefixes)}
+    given = {k: v for k, v in weights.items() if not k.startswith(prefixes)}
+    problems = [f"{k} missing" for k in own if k not in given]
+    problems += [f"{k} unexpected" for k in given if k not in own]
+    problems += [
+        f"{k} {tuple(v.shape)} in the file, {tuple(own[k].shape)} here"
+        for k, v in given.items()
+        if k in own and v.shape != own[k].shape
+    ]
+    if problems:
+        more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise ValueError(f"{'; '.join(problems[:3])}{more}")
+    model.load_state_dict(given, strict=False)
+    return fresh

@@ -25,6 +25,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", "
 
 _TEMPORARY = re.compile(r"\..+\.(\d+)\.[^.]+\.tmp")
 """Name of an :func:`atomic_open` temporary; group 1 is the writer's process id."""
+_COPY_BAND_BYTES = 1 << 24
+"""Bytes of decoded pixels copied per band into a new array (bounds the temporary copies of a huge image)."""
 
 
 @contextmanager
@@ -149,15 +151,17 @@ def read_image(path: str | Path, max_pixels: int = 0) -> np.ndarray:
                     f"{max_pixels:,}; downscale the image or raise data.max_image_pixels (0: no cap)"
                 )
             im.load()
-            im = ImageOps.exif_transpose(im)
-            return _to_rgb(im)
+            ImageOps.exif_transpose(im, in_place=True)  # a copy otherwise, even when there is nothing to turn
+            return image_to_rgb(im)
     except FileNotFoundError:
         raise ValueError(f"{path}: file not found") from None
     except (OSError, SyntaxError, Image.DecompressionBombError) as err:
         raise ValueError(f"{path}: not a readable image ({err})") from None
 
 
-def _to_rgb(im: Image.Image) -> np.ndarray:
+def image_to_rgb(im: Image.Image) -> np.ndarray:
+    """A PIL image of any mode as (H, W, 3) uint8 RGB: grayscale and palette expanded, RGBA composited on black,
+    16-bit and float scaled by their maximum to [0, 255]."""
     if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
         arr = np.asarray(im, dtype=np.float64)
         hi = arr.max()
@@ -168,7 +172,13 @@ def _to_rgb(im: Image.Image) -> np.ndarray:
         rgb = np.asarray(im, dtype=np.float32)
         out = rgb[..., :3] * (rgb[..., 3:] / 255.0)
         return np.round(out).astype(np.uint8)
-    return np.asarray(im.convert("RGB"), dtype=np.uint8).copy()
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    out = np.empty((im.height, im.width, 3), np.uint8)  # filled a band at a time: one copy of a huge image, not 3
+    rows = max(1, _COPY_BAND_BYTES // (3 * max(1, im.width)))
+    for top in range(0, im.height, rows):
+        out[top : top + rows] = np.asarray(im.crop((0, top, im.width, min(top + rows, im.height))))
+    return out
 
 
 def read_mask(path: str | Path) -> np.ndarray:

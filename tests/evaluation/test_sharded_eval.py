@@ -1,0 +1,174 @@
+"""tools/eval_cams.py and tools/test.py under torchrun (CPU ranks, gloo): each rank scores its share of the images,
+the confusion matrices are summed across ranks, and every score equals the 1-process run's exactly; a rank whose
+share is empty joins the sum and the job completes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import TINY_CLASSES, tiny_config
+from tools import eval_cams as eval_cams_cli
+from tools import test as test_cli
+from wsss.config import dump_config
+from wsss.data.transforms import backbone_mean_std
+from wsss.engine.checkpoint import save_checkpoint
+from wsss.evaluation.folders import evaluate_folders
+from wsss.evaluation.split_eval import score_masks
+from wsss.models import build_model
+from wsss.utils.fileio import read_mask, save_mask
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[2]
+CAM_OPTS = ["--split", "train", "--bg-thresholds", "0.1:0.9:0.1", "--pseudo", "--save-pseudo", "--save-cams",
+            "--no-progress", "--device", "cpu"]  # fmt: skip
+
+
+def torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    """``ranks`` CPU processes under torchrun on a free port (``--standalone``); the run must succeed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` by relative path."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def checkpoint(tiny_voc: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """(config file, checkpoint) of an untrained tiny model on the tiny set, scored on its 3-image train split;
+    its masks hold every class (``infer.mask_classes=all``), so the scores vary with every image."""
+    cfg = tiny_config(tiny_voc)
+    cfg.data = dataclasses.replace(cfg.data, val_split="train")
+    cfg.infer.mask_classes = "all"
+    cfg.infer.scales = (1.0, 0.5)
+    torch.manual_seed(3)
+    model = build_model(cfg.model, num_classes=len(TINY_CLASSES))
+    mean, std = backbone_mean_std(cfg.model.backbone)
+    path = tmp_path / "ckpt" / "iter_0.pth"
+    path.parent.mkdir()
+    save_checkpoint(path, model, cfg, TINY_CLASSES, mean, std, step=0)
+    cfg_file = tmp_path / "cfg.py"
+    dump_config(cfg, cfg_file)
+    return cfg_file, path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4], ids=["2-ranks", "4-ranks-1-empty"])
+def test_sharded_cam_eval_equals_one_process(checkpoint, tmp_path, capsys, ranks):
+    """The sweep, both pseudo-label scores with the uncertain fraction, and every saved CAM and pseudo label of N
+    ranks equal the 1-process run's; rank 0 alone prints. 3 images on 4 ranks: one share is empty."""
+    _, ckpt = checkpoint
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    assert eval_cams_cli.main([str(ckpt), *CAM_OPTS, "--out", str(single)]) == 0
+    assert capsys.readouterr().out.count("best CAM background threshold") == 1
+    expected = files(single)
+    report = json.loads(expected["cam_eval.json"])
+    assert report["num_images"] == 3 and len({row["mIoU"] for row in report["cam_sweep"]}) > 1
+    assert 0 < report["pseudo_certain_pixels"]["ignored_fraction"] < 1
+    assert sorted(expected) == ["cam_eval.json", *(f"cams/{i}.npy" for i in ("a1", "a2", "b1")),
+                                *(f"pseudo/{i}.png" for i in ("a1", "a2", "b1"))]  # fmt: skip
+
+    proc = torchrun(ranks, "tools/eval_cams.py", str(ckpt), *CAM_OPTS, "--out", str(sharded), "--launcher", "pytorch")
+    assert files(sharded) == expected  # the JSON byte for byte, and every per-image file
+    assert proc.stdout.count("best CAM background threshold") == 1
+    assert proc.stdout.count(f"wrote {sharded / 'cam_eval.json'}") == 1
+
+
+def scored(work: Path, masks: Path) -> dict[str, bytes]:
+    """What tools/test.py wrote: metrics.json of the run folder under ``work``, without its ``predictions`` path,
+    and the masks."""
+    metrics = json.loads((next(work.iterdir()) / "metrics.json").read_text())
+    metrics.pop("predictions")
+    return {"metrics.json": json.dumps(metrics).encode(), **files(masks)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4], ids=["2-ranks", "4-ranks-1-empty-out-and-show-dir"])
+def test_sharded_test_equals_one_process(checkpoint, tmp_path, capsys, ranks):
+    """metrics.json (aAcc, mIoU, mAcc, per class) and the masks of tools/test.py on N ranks equal the 1-process
+    run's; rank 0 alone prints and writes. 3 images on 4 ranks: one share of the scoring is empty; there the masks
+    go to --out, copied from --show-dir by every rank for its share."""
+    cfg_file, ckpt = checkpoint
+    common = [str(cfg_file), str(ckpt), "--device", "cpu"]
+
+    def outputs(folder: Path) -> tuple[list[str], Path]:
+        """The options naming the output folders under ``folder``, and the folder of the masks."""
+        args = ["--work-dir", str(folder / "work")]
+        if ranks == 2:
+            return args, folder / "work" / f"test_{ckpt.stem}" / "masks"
+        return [*args, "--out", str(folder / "out"), "--show-dir", str(folder / "show")], folder / "out" / "masks"
+
+    args, masks = outputs(tmp_path / "single")
+    assert test_cli.main([*common, *args]) == 0
+    assert capsys.readouterr().out.count("wrote ") == 1
+    expected = scored(tmp_path / "single" / "work", masks)
+    metrics = json.loads(expected["metrics.json"])
+    assert sorted(expected) == ["a1.png", "a2.png", "b1.png", "metrics.json"]
+    assert sum(v is not None for v in metrics["per_class"]["IoU"].values()) == 3 and 0 < metrics["mIoU"] < 100
+
+    args, masks = outputs(tmp_path / "sharded")
+    proc = torchrun(ranks, "tools/test.py", *common, *args, "--launcher", "pytorch")
+    assert scored(tmp_path / "sharded" / "work", masks) == expected
+    assert proc.stdout.count("wrote ") == 1 and proc.stdout.count("| background |") == 1
+
+
+@pytest.mark.parametrize("tool", ["eval_cams", "test"])
+def test_launcher_must_match_how_the_process_started(checkpoint, tmp_path, monkeypatch, capsys, tool):
+    """--launcher pytorch without torchrun's environment, or none under torchrun's: one line, exit 2, nothing
+    written."""
+    cfg_file, ckpt = checkpoint
+    out = tmp_path / "out"
+    main, args = (
+        (eval_cams_cli.main, [str(ckpt), *CAM_OPTS, "--out", str(out)])
+        if tool == "eval_cams"
+        else (test_cli.main, [str(cfg_file), str(ckpt), "--device", "cpu", "--work-dir", str(out)])
+    )
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert main([*args, "--launcher", "pytorch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "torchrun" in err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main([*args, "--launcher", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "--launcher pytorch" in err
+    assert main(args) == 2  # --launcher none is the default, as in mmseg
+    assert "--launcher pytorch" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_score_masks_equals_evaluate_folders_and_names_what_is_wrong(tiny_voc, tmp_path):
+    """One process: the scores of tools/eval.py; an id without prediction or ground truth, and ground truth outside
+    the classes, are refused naming the files."""
+    gt_dir, pred_dir = tiny_voc / "SegmentationClass", tmp_path / "pred"
+    ids = ["a1", "a2", "b1", "b2"]
+    for k, image_id in enumerate(ids):  # predictions: the ground truth, shifted and with other classes painted in
+        gt = read_mask(gt_dir / f"{image_id}.png")
+        pred = np.roll(np.where(gt == 255, 0, gt), 3 + k, axis=1)
+        pred[: 2 + k] = k % 3
+        save_mask(pred_dir / f"{image_id}.png", pred.astype(np.uint8))
+    got = score_masks(pred_dir, gt_dir, ids, TINY_CLASSES, 255, "cpu", 0, False)
+    expected = evaluate_folders(pred_dir, gt_dir, 3, class_names=TINY_CLASSES, ids=ids, num_workers=0)
+    assert got.to_dict() == expected.to_dict() and 0 < got["mIoU"] < 100
+
+    (pred_dir / "a2.png").unlink()
+    with pytest.raises(ValueError, match=r"1 of 4 ids of the split have no prediction in .*pred: a2$"):
+        score_masks(pred_dir, gt_dir, ids, TINY_CLASSES, 255, "cpu", 0, False)
+    with pytest.raises(ValueError, match=r"1 of 2 ids of the split have no ground truth in .*: zz$"):
+        score_masks(pred_dir, gt_dir, ["a1", "zz"], TINY_CLASSES, 255, "cpu", 0, False)
+    with pytest.raises(ValueError, match=r"1 ground-truth masks have labels outside \[0, 2\) other than 255: .*b1.png"):
+        score_masks(pred_dir, gt_dir, ["a1", "b1"], TINY_CLASSES[:2], 255, "cpu", 0, False)  # b1 holds a dog (2)

@@ -1,0 +1,254 @@
+"""tools/make_pseudo_labels.py: the training step's pseudo labels on whole images, sharded, resumable, scored."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config as MMConfig
+from PIL import Image
+
+from tools import eval as eval_cli
+from tools import make_pseudo_labels as export_cli
+from wsss.data.labels import load_labels
+from wsss.data.transforms import normalize
+from wsss.data.voc import read_split
+from wsss.engine.step import pseudo_label_targets
+from wsss.inference.crf import crf_labels
+from wsss.inference.pseudo_export import DENSE_DIR, PSEUDO_DIR
+from wsss.model_file import config_from_checkpoint, model_from_checkpoint
+from wsss.par import PAR
+from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks, refine_cams_with_par
+from wsss.utils.fileio import read_image, read_mask
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[2]
+SPLIT = "trainval"
+ARGS = ["--split", SPLIT, "--device", "cpu", "--no-progress"]
+
+
+def outputs(out: Path) -> dict[str, bytes]:
+    """Every file under OUT by relative path; OUT itself is written as ``OUT`` in the files that name it."""
+    return {
+        p.relative_to(out).as_posix(): p.read_bytes().replace(os.path.realpath(out).encode(), b"OUT")
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def exported(toy_checkpoint, tmp_path_factory):
+    """The toy set, its checkpoint, and the 1-process export of split trainval (6 images)."""
+    root, ckpt = toy_checkpoint
+    out = tmp_path_factory.mktemp("pseudo") / "out"
+    assert export_cli.main([str(ckpt), str(out), *ARGS]) == 0
+    return root, ckpt, out
+
+
+def full_image_targets(root: Path, ckpt: Path, image_id: str):
+    """The training step's pseudo labels of one whole image (box = the image, no crop, no augmentation)."""
+    model, raw_ckpt = model_from_checkpoint(ckpt)
+    cfg = config_from_checkpoint(raw_ckpt)
+    mean, std = tuple(raw_ckpt["mean"]), tuple(raw_ckpt["std"])
+    labels = load_labels(root / "cls_labels.json", raw_ckpt["classes"])[image_id]
+    raw = read_image(root / "JPEGImages" / f"{image_id}.jpg")
+    image = normalize(raw, mean, std)[None]
+    label = torch.from_numpy(labels.astype(np.float32))[None]
+    box = torch.tensor([[0, raw.shape[0], 0, raw.shape[1]]])
+    par = PAR.from_config(cfg.par)
+    targets = pseudo_label_targets(model, image, label, box, par, cfg, mean, std, cam_autocast=False, max_present=None)
+    return targets, label, par, cfg, raw
+
+
+def test_masks_equal_the_training_steps_pseudo_labels(exported):
+    """Every dual-threshold mask is the step's pseudo_label_targets on the whole image; every dense mask is the same
+    CAMs and PAR with the one background plane cam.infer_bg_thresh (tools/eval_cams.py's "every pixel")."""
+    root, ckpt, out = exported
+    ids = read_split(root / "ImageSets" / "Segmentation" / f"{SPLIT}.txt")
+    assert (out / "ImageSets" / "Segmentation" / f"{SPLIT}.txt").read_text().split() == ids
+    seen = set()
+    for image_id in ids:
+        targets, label, par, cfg, _ = full_image_targets(root, ckpt, image_id)
+        got = Image.open(out / PSEUDO_DIR / f"{image_id}.png")
+        assert got.mode == "P" and got.getpalette()[3:6] == [128, 0, 0]  # the VOC palette
+        np.testing.assert_array_equal(read_mask(out / PSEUDO_DIR / f"{image_id}.png"), targets.label[0].numpy())
+        single = refine_cams_with_par(targets.rgb, targets.cams, label, (cfg.cam.infer_bg_thresh,), par, cfg.par.scale)
+        np.testing.assert_array_equal(read_mask(out / DENSE_DIR / f"{image_id}.png"), single[0, 0].numpy())
+        seen |= set(np.unique(targets.label).tolist())
+    assert {0, 255} < seen and len(seen) > 3  # background, uncertain and several classes: a mix-up shows
+
+
+def test_crf_refines_each_stack_before_the_thresholds_combine(toy_checkpoint, tmp_path):
+    """--crf: each of the three refined stacks (normalised) through the dense CRF, then the dual-threshold rule, so
+    pixels stay 255 where the CRF'd stacks disagree."""
+    root, ckpt = toy_checkpoint
+    out = tmp_path / "out"
+    args = [str(ckpt), str(out), "--split", "val", "--crf", "--crf-workers", "0", "--device", "cpu", "--no-progress"]
+    assert export_cli.main(args) == 0
+    for image_id in read_split(root / "ImageSets" / "Segmentation" / "val.txt"):
+        targets, label, par, cfg, raw = full_image_targets(root, ckpt, image_id)
+        planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
+        scores, keys = refine_cam_stacks(targets.rgb, targets.cams, label, planes, par, cfg.par.scale)
+        crf = [crf_labels(raw, (s / s.sum(0)).numpy(), cfg.infer.crf).astype(np.int64) for s in scores[:, 0]]
+        high, low, single = (keys[0][torch.from_numpy(index)] for index in crf)
+        certain = combine_dual_threshold(high[None], low[None], None, 255)[0]
+        assert 255 in certain and not torch.equal(certain, targets.label[0])  # the CRF changed the masks
+        np.testing.assert_array_equal(read_mask(out / PSEUDO_DIR / f"{image_id}.png"), certain.numpy())
+        np.testing.assert_array_equal(read_mask(out / DENSE_DIR / f"{image_id}.png"), single.numpy())
+    assert json.loads((out / "run.json").read_text())["crf"] is True
+
+
+def test_resume_skips_finished_images_and_refuses_other_settings(exported, tmp_path, capsys):
+    root, ckpt, done = exported
+    expected = outputs(done)
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    (out / PSEUDO_DIR / "train_00001.png").unlink()  # an image half written: one of its two masks is gone
+    (out / DENSE_DIR / "val_00000.png").unlink()
+    (out / PSEUDO_DIR / "train_00002.png").write_bytes(b"kept")  # a finished image is not redone
+    assert export_cli.main([str(ckpt), str(out), *ARGS]) == 0
+    assert "6 of 6 images exported (2 now" in capsys.readouterr().out
+    assert (out / PSEUDO_DIR / "train_00002.png").read_bytes() == b"kept"
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["done"], summary["existing"], summary["exported"]) == (2, 4, 6)
+    (out / PSEUDO_DIR / "train_00002.png").unlink()
+    assert export_cli.main([str(ckpt), str(out), *ARGS]) == 0
+    got = outputs(out)
+    assert got.pop("summary.json") != expected.pop("summary.json")  # its counts: done 1, existing 5
+    assert got == expected  # the masks, split file, labels and configs (OUT written as OUT)
+
+    other = [str(ckpt), str(out), *ARGS, "--cfg-options", "cam.fg_thresh=0.6"]
+    assert export_cli.main(other) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "other settings (cam differ" in err and "--overwrite" in err
+    assert export_cli.main([*other, "--overwrite"]) == 0
+    assert json.loads((out / "run.json").read_text())["cam"]["fg_thresh"] == 0.6
+    assert outputs(out)[f"{PSEUDO_DIR}/train_00000.png"] != expected[f"{PSEUDO_DIR}/train_00000.png"]
+
+
+def test_second_stage_configs_point_at_the_export(exported):
+    """mmseg_train.py loads with mmengine (mmseg's DeepLabV3+ base); its train set and the snippet name the images,
+    the dual-threshold masks and the exported ids as mmseg's BaseSegDataset joins them."""
+    root, ckpt, out = exported
+    cfg = MMConfig.fromfile(out / "mmseg_train.py")
+    snippet = MMConfig.fromfile(out / "mmseg_dataset.py")
+    classes = (root / "classes.txt").read_text().split()
+    for dataset in (cfg.train_dataloader.dataset, snippet.pseudo_label_dataset):
+        assert dataset.type == "BaseSegDataset" and "datasets" not in dataset
+        assert (dataset.reduce_zero_label, dataset.ignore_index, dataset.seg_map_suffix) == (False, 255, ".png")
+        assert list(dataset.metainfo.classes) == classes and len(dataset.metainfo.palette) == len(classes)
+        names = Path(dataset.ann_file).read_text().split()
+        assert names == read_split(root / "ImageSets" / "Segmentation" / f"{SPLIT}.txt")
+        image_dir = Path(dataset.data_root) / dataset.data_prefix.img_path
+        for name in names:
+            assert (image_dir / f"{name}{dataset.img_suffix}").is_file()
+            assert (Path(dataset.data_prefix.seg_map_path) / f"{name}.png").samefile(out / PSEUDO_DIR / f"{name}.png")
+    assert cfg.train_dataloader.dataset.pipeline[0].type == "LoadImageFromFile"  # mmseg's train pipeline kept
+    assert cfg.model.decode_head.num_classes == len(classes) == cfg.model.auxiliary_head.num_classes
+    val = cfg.val_dataloader.dataset
+    assert Path(val.ann_file).samefile(root / "ImageSets" / "Segmentation" / "val.txt")
+    assert (Path(val.data_root) / val.data_prefix.seg_map_path / "val_00000.png").is_file()
+    assert "no loss.* key makes it read masks" in " ".join(
+        (out / "mmseg_train.py").read_text().replace("#", "").split()
+    )
+
+
+def test_eval_scores_the_export_as_computed_by_hand(exported, tmp_path, capsys):
+    """tools/eval.py on the export: every pixel (dense masks) and certain pixels only (255 excluded, its share
+    reported) equal a confusion matrix counted here in numpy."""
+    root, ckpt, done = exported
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    assert export_cli.main([str(ckpt), str(out), *ARGS]) == 0  # all kept: prints the scoring commands
+    printed = capsys.readouterr().out
+    gt_dir, ids = root / "SegmentationClass", out / "ImageSets" / "Segmentation" / f"{SPLIT}.txt"
+    assert f"python tools/eval.py {out / DENSE_DIR} {gt_dir} --ids {ids}" in printed
+    assert f"python tools/eval.py {out / PSEUDO_DIR} {gt_dir} --ids {ids} --certain-only" in printed
+    num = len((root / "classes.txt").read_text().split())
+    dense_cm, certain_cm, uncertain, scored = np.zeros((num, num)), np.zeros((num, num)), 0, 0
+    for name in ids.read_text().split():
+        gt = read_mask(gt_dir / f"{name}.png").astype(np.int64)
+        dense = read_mask(out / DENSE_DIR / f"{name}.png").astype(np.int64)
+        pseudo = read_mask(out / PSEUDO_DIR / f"{name}.png").astype(np.int64)
+        valid = gt < num
+        np.add.at(dense_cm, (gt[valid], dense[valid]), 1)
+        sure = valid & (pseudo != 255)
+        np.add.at(certain_cm, (gt[sure], pseudo[sure]), 1)
+        uncertain += int((valid & (pseudo == 255)).sum())
+        scored += int(valid.sum())
+
+    def miou(cm):
+        with np.errstate(invalid="ignore"):  # a class absent from both: NaN, left out of the mean
+            iou = np.diag(cm) / (cm.sum(0) + cm.sum(1) - np.diag(cm))
+        return round(100 * float(np.nanmean(iou)), 2)
+
+    every, certain = tmp_path / "every.json", tmp_path / "certain.json"
+    common = ["--ids", str(ids), "--workers", "0", "--device", "cpu"]
+    assert eval_cli.main([str(out / DENSE_DIR), str(gt_dir), *common, "--json", str(every)]) == 0
+    assert eval_cli.main([str(out / PSEUDO_DIR), str(gt_dir), *common, "--certain-only", "--json", str(certain)]) == 0
+    assert f"classes from {out / 'image_labels.json'}" in capsys.readouterr().out
+    every, certain = json.loads(every.read_text()), json.loads(certain.read_text())
+    assert every["mIoU"] == miou(dense_cm) and certain["mIoU"] == miou(certain_cm)
+    assert (certain["uncertain_pixels"], certain["scored_pixels"]) == (uncertain, scored) and 0 < uncertain < scored
+    assert certain["uncertain_fraction"] == pytest.approx(uncertain / scored)
+
+
+def test_errors_are_one_line_and_write_nothing(toy_checkpoint, tmp_path, capsys):
+    root, ckpt = toy_checkpoint
+    out = str(tmp_path / "out")
+    cases = [
+        ([str(tmp_path / "missing.pth"), out], "checkpoint not found"),
+        ([str(ckpt), str(root), "--split", "train"], "is the dataset's split file, which the export would overwrite"),
+        ([str(ckpt), out, "--cfg-options", "cam.fg_thres=0.5"], "unknown config key 'cam.fg_thres'"),
+        ([str(ckpt), out, "--split", "nosuch"], "split file not found"),
+        ([str(ckpt), out, "--launcher", "pytorch"], "--launcher pytorch needs the environment torchrun sets"),
+    ]
+    for argv, message in cases:
+        assert export_cli.main([*argv, "--device", "cpu", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (root / PSEUDO_DIR).exists() and not (tmp_path / "out").exists()
+
+
+def torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    """``ranks`` CPU processes under torchrun on a free port (``--standalone``), gloo."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_rank_byte_for_byte(exported, tmp_path):
+    root, ckpt, done = exported
+    out = tmp_path / "out"
+    proc = torchrun(2, "tools/make_pseudo_labels.py", str(ckpt), str(out), *ARGS, "--launcher", "pytorch")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert outputs(out) == outputs(done)
+    assert proc.stdout.count("6 of 6 images exported (6 now") == 1  # rank 0 prints the merged summary
+
+
+@pytest.mark.slow
+def test_resume_on_two_ranks_after_one(exported, tmp_path):
+    """A 1-process export with images missing, finished on 2 ranks: the same bytes."""
+    root, ckpt, done = exported
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    for name in ("train_00000", "train_00003", "val_00001"):
+        (out / PSEUDO_DIR / f"{name}.png").unlink()
+    (out / DENSE_DIR / "train_00002.png").unlink()
+    (out / "summary.json").unlink()
+    proc = torchrun(2, "tools/make_pseudo_labels.py", str(ckpt), str(out), *ARGS, "--launcher", "pytorch")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["done"], summary["existing"]) == (4, 2)
+    got, expected = outputs(out), outputs(done)
+    assert got.pop("summary.json") != expected.pop("summary.json")
+    assert got == expected

@@ -1,0 +1,391 @@
+"""Pseudo-label export for a second stage (``tools/make_pseudo_labels.py``): the masks the training recipe makes,
+for every image of a split at full resolution, in VOC layout, sharded under ``torchrun``.
+
+For each image, with its image-level labels from the training label file (``data.label_file``, as in the WSSS
+literature; never from masks), the model of the checkpoint (eval mode) gives multi-scale flipped CAMs
+(:func:`wsss.cam.multiscale_cam` at ``cam.scales``), and one PAR pass (:func:`wsss.pseudo_label.refine_cam_stacks`,
+``par.*``) refines three score stacks, whose background planes are ``cam.fg_thresh``, ``cam.bg_thresh`` and
+``cam.infer_bg_thresh``. Two masks are written::
+
+    OUT/SegmentationClassPseudo/<id>.png       dual threshold (fg_thresh / bg_thresh): the class where the fg_thresh
+                                               stack says foreground, background where both stacks say background,
+                                               255 (data.ignore_index) where they disagree: the training step's
+                                               pseudo_label_targets on the whole image (no crop, no augmentation)
+    OUT/SegmentationClassPseudoDense/<id>.png  the infer_bg_thresh stack alone: every pixel a class ("every pixel",
+                                               what the paper's Table 3 scores, as tools/eval_cams.py --pseudo)
+
+Both are VOC-palette PNGs of class indices. With ``crf``, each of the three refined stacks, normalised to
+probabilities, goes through the dense CRF (``infer.crf.*``, :func:`wsss.inference.crf.crf_labels`) before its argmax,
+and the two CRF'd dual-threshold stacks are then combined by the same rule, so pixels stay 255 where the CRF-refined
+stacks disagree (AffinityNet's CRF of the low and high background scores): the CRF moves the uncertain band to image
+edges, it never fills it.
+
+The CAM pass runs in eval mode and float32. The training step runs it in train mode (the reference's habit), which
+equals eval mode when ``model.drop_path_rate`` is 0 and there is no dropout, the reference config; with drop-path
+train mode would make the masks random. ``train.cam_dtype`` (bf16 on a GPU) is a training speed option and is not
+followed here.
+
+Sharding: every rank lists the same sorted ids and takes :func:`~wsss.inference.sources.own_shard` of them (balanced
+by pixels); each mask is written atomically, and an image whose two masks exist is skipped unless ``overwrite``, so a
+re-run, with the same or another number of ranks, finishes the rest. Rank 0 gathers what every rank did and writes
+the split file, ``image_labels.json``, ``summary.json`` and the second-stage configs
+(:mod:`wsss.inference.second_stage`). ``run.json``, written before any mask, holds the settings the masks depend on;
+a re-run with other settings over existing masks is refused (``overwrite`` redoes them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from wsss.cam import multiscale_cam
+from wsss.config import Config, apply_options, load_config
+from wsss.data.classes import voc_palette
+from wsss.data.folder import Skipped
+from wsss.data.transforms import denormalize, normalize
+from wsss.data.voc import VOCClsDataset, mask_file
+from wsss.inference.crf import CrfPool
+from wsss.inference.second_stage import write_second_stage
+from wsss.inference.sources import Source, own_shard, writing
+from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
+from wsss.models.segmentor import WSSSModel
+from wsss.par import PAR
+from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks, refine_cams_with_par
+from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
+from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, read_image, remove_stale_temporaries, save_mask
+
+__all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "export_pseudo_labels", "pseudo_masks"]
+
+PSEUDO_DIR = "SegmentationClassPseudo"
+"""Dual-threshold masks under OUT: 255 where uncertain (the second stage's training targets)."""
+DENSE_DIR = "SegmentationClassPseudoDense"
+"""Single-threshold masks under OUT: every pixel a class (the "every pixel" score)."""
+SPLIT_DIR = "ImageSets/Segmentation"
+"""Where the split file of the exported ids goes under OUT."""
+
+
+@dataclass
+class ExportOptions:
+    """What ``tools/make_pseudo_labels.py`` asks for.
+
+    Attributes:
+        split: Split name or file of the dataset; None: ``data.train_split``.
+        config: A config file whose ``data``, ``cam``, ``par`` and ``infer.crf`` replace the checkpoint's (the model
+            is always the checkpoint's).
+        cfg_options: ``{"a.b": value}`` overrides (``--cfg-options``).
+        crf: Refine the stacks with the dense CRF.
+        crf_workers: CRF processes per rank; None takes ``infer.crf.workers``.
+        overwrite: Redo images whose masks exist (and accept other settings than ``run.json``'s).
+        progress: Show a progress bar (rank 0).
+    """
+
+    split: str | None = None
+    config: str | Path | None = None
+    cfg_options: dict[str, Any] = field(default_factory=dict)
+    crf: bool = False
+    crf_workers: int | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+
+@dataclass
+class ExportSummary:
+    """What an export did (every rank's work, merged on rank 0).
+
+    Attributes:
+        output: OUT.
+        split: The split exported.
+        images: Images in the split.
+        exported: Ids whose two masks exist now, in the split's order (the split file's lines, without extension).
+        done: Images computed in this run.
+        existing: Images kept from an earlier run.
+        skipped: Images not exported (unreadable, over ``data.max_image_pixels``), with the reason.
+        files: The split file and the second-stage files written, by name.
+        eval_commands: The ``tools/eval.py`` commands that score the masks, when the dataset has masks for them.
+        seconds: Wall time of this rank's loop (not written to ``summary.json``, which stays reproducible).
+    """
+
+    output: Path
+    split: str
+    images: int = 0
+    exported: list[str] = field(default_factory=list)
+    done: int = 0
+    existing: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    files: dict[str, Path] = field(default_factory=dict)
+    eval_commands: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "split": self.split,
+            "images": self.images,
+            "exported": len(self.exported),
+            "done": self.done,
+            "existing": self.existing,
+            "skipped": [asdict(s) for s in self.skipped],
+            "masks": {"uncertain_255": PSEUDO_DIR, "every_pixel": DENSE_DIR},
+            "files": {k: str(v) for k, v in self.files.items()},
+        }
+
+    def format(self, max_lines: int = 20) -> str:
+        lines = [
+            f"pseudo labels of split {self.split}: {len(self.exported)} of {self.images} images exported ({self.done} "
+            f"now in {self.seconds:.1f} s on rank 0, {self.existing} kept from an earlier run; --overwrite redoes "
+            f"them), {len(self.skipped)} skipped"
+        ]
+        lines += [f"  skipped {s.path}: {s.reason}" for s in self.skipped[:max_lines]]
+        if len(self.skipped) > max_lines:
+            lines.append(f"  ... and {len(self.skipped) - max_lines} more, see {self.output / 'summary.json'}")
+        lines.append(f"masks: {self.output / PSEUDO_DIR} (255 = uncertain), {self.output / DENSE_DIR} (every pixel)")
+        lines += [f"wrote {path}" for path in self.files.values()]
+        lines += [f"score: {command}" for command in self.eval_commands]
+        return "\n".join(lines)
+
+
+def mask_name(image_id: str) -> str:
+    """``image_id`` without its image extension (``a/b.jpg`` and ``a/b`` -> ``a/b``): the masks' and the split
+    file's name, as :func:`wsss.data.voc.mask_file` names the ground truth."""
+    suffix = PurePosixPath(image_id).suffix
+    return image_id[: -len(suffix)] if suffix.lower() in IMAGE_EXTENSIONS else image_id
+
+
+@torch.no_grad()
+def pseudo_masks(
+    model: WSSSModel,
+    image: Tensor,
+    labels: Tensor,
+    cfg: Config,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    par: PAR,
+    crf: CrfPool | None = None,
+    raw: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The two pseudo masks of one full image (see the module docstring).
+
+    Args:
+        model: The model, in the mode the caller chose (eval for the export).
+        image: (1, 3, H, W) normalised image.
+        labels: (1, C-1) multi-hot image-level labels.
+        cfg: ``cam.*``, ``par.scale``, ``data.ignore_index``.
+        mean: Normalisation mean of ``image``.
+        std: Normalisation std.
+        par: The refinement module (``par.*``), on the image's device.
+        crf: A CRF pool (``infer.crf.*``), or None for no CRF.
+        raw: (H, W, 3) uint8 RGB of the image, the CRF's bilateral guide (with ``crf``).
+
+    Returns:
+        (H, W) uint8 masks: the dual-threshold one (``data.ignore_index`` where uncertain) and the single-threshold
+        one (every pixel a class).
+    """
+    cams = multiscale_cam(model.cam, image, labels, cfg.cam.scales)
+    rgb = denormalize(image.float(), mean, std)
+    planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
+    if crf is None:
+        high, low, single = refine_cams_with_par(rgb, cams, labels, planes, par, cfg.par.scale)
+    else:
+        scores, keys = refine_cam_stacks(rgb, cams, labels, planes, par, cfg.par.scale)  # (3, 1, K, H, W), (1, K)
+        probs = (scores[:, 0] / scores[:, 0].sum(dim=1, keepdim=True)).cpu().numpy()  # one image: no padding
+        jobs = [crf.submit(raw, p) for p in probs]
+        high, low, single = (keys[:, torch.from_numpy(job.result()).to(keys.device).long()] for job in jobs)
+    certain = combine_dual_threshold(high, low, None, cfg.data.ignore_index)
+    return certain[0].to(torch.uint8).cpu().numpy(), single[0].to(torch.uint8).cpu().numpy()
+
+
+def export_pseudo_labels(
+    checkpoint: str | Path,
+    output: str | Path,
+    options: ExportOptions | None = None,
+    device: str | torch.device = "cpu",
+) -> ExportSummary:
+    """Write the pseudo masks of every image of a split (this rank's share under ``torchrun``) and, on rank 0, the
+    split file, ``image_labels.json``, ``summary.json`` and the second-stage configs.
+
+    Args:
+        checkpoint: A wsss checkpoint or export; the model, its normalisation and classes come from it.
+        output: OUT (see the module docstring for the layout).
+        options: What to export and how.
+        device: Where the model runs.
+
+    Returns:
+        The summary; on rank 0 it covers every rank's work, elsewhere this rank's.
+
+    Raises:
+        FileNotFoundError: The checkpoint, the dataset, its split or an image is missing.
+        ValueError: A config error, the dataset's classes differ from the checkpoint's, an output would replace an
+            input, or OUT holds masks made with other settings (without ``overwrite``).
+        OutputError: A mask or file could not be written (one line naming it).
+        ImportError: ``crf`` without pydensecrf2.
+    """
+    opts = options or ExportOptions()
+    if opts.crf_workers is not None and opts.crf_workers < 0:
+        raise ValueError(f"--crf-workers: must be >= 0, got {opts.crf_workers}")
+    output = Path(output)
+    ckpt = read_model_file(checkpoint)
+    if opts.config is not None:
+        cfg = load_config(opts.config, opts.cfg_options)
+    else:
+        cfg = config_from_checkpoint(ckpt)
+        cfg = apply_options(cfg, opts.cfg_options) if opts.cfg_options else cfg
+    mean, std = tuple(ckpt["mean"]), tuple(ckpt["std"])
+    split = opts.split or cfg.data.train_split
+    dataset = VOCClsDataset(cfg.data, mean, std, split=split)
+    if list(dataset.classes) != list(ckpt["classes"]):
+        raise ValueError(
+            f"the dataset's classes {dataset.classes} differ from those {checkpoint} was trained on "
+            f"{ckpt['classes']}: give the config of that training (--config) or fix data.classes"
+        )
+    split_file = output / SPLIT_DIR / f"{Path(split).stem}.txt"
+    _check_outputs(output, dataset, split_file)
+    paths = {i: (output / PSEUDO_DIR / f"{mask_name(i)}.png", output / DENSE_DIR / f"{mask_name(i)}.png")
+             for i in dataset.ids}  # fmt: skip
+
+    def finished(image_id: str) -> bool:
+        return all(p.is_file() for p in paths[image_id])
+
+    settings = _settings(checkpoint, dataset, cfg, opts.crf)
+    if not opts.overwrite:
+        _check_previous_settings(output, settings, any(finished(i) for i in dataset.ids))
+    rank, _ = rank_and_world()
+    if rank == 0:
+        with writing(output):
+            output.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(output, recursive=True)  # before the barrier: no rank writes yet
+        with writing(output / "run.json"):
+            atomic_write_text(output / "run.json", json.dumps(settings, indent=2) + "\n")
+    barrier()
+
+    sources = sorted((Source(i, dataset.image_path(i)) for i in dataset.ids), key=lambda s: s.rel)
+    todo = [s for s in own_shard(sources) if opts.overwrite or not finished(s.rel)]
+    done: list[str] = []
+    skipped: list[Skipped] = []
+    tic = time.perf_counter()
+    if todo:
+        with ExitStack() as stack:
+            # the CRF workers start before the model exists (see CrfPool)
+            pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers)) if opts.crf else None
+            model, _ = model_from_checkpoint(ckpt, device)
+            par = PAR.from_config(cfg.par).to(device)
+            palette = voc_palette()
+            show = opts.progress and rank == 0
+            for src in tqdm(todo, desc="pseudo labels", unit="img", disable=not show, dynamic_ncols=True):
+                try:
+                    raw = read_image(src.path, cfg.data.max_image_pixels)
+                except ValueError as err:
+                    skipped.append(Skipped(src.rel, str(err)))
+                    continue
+                image = normalize(raw, mean, std)[None].to(device)
+                labels = torch.from_numpy(dataset.labels[src.rel].astype(np.float32))[None].to(device)
+                certain, dense = pseudo_masks(model, image, labels, cfg, mean, std, par, pool, raw)
+                for path, mask in zip(paths[src.rel], (certain, dense), strict=True):
+                    with writing(path):
+                        save_mask(path, mask, palette)
+                done.append(src.rel)
+    summary = ExportSummary(output=output, split=split, images=len(sources), seconds=time.perf_counter() - tic)
+    parts = all_gather_objects((done, skipped))
+    summary.done = sum(len(d) for d, _ in parts)
+    summary.skipped = sorted((s for _, part in parts for s in part), key=lambda s: s.path)
+    if rank != 0:
+        return summary
+    exported = [i for i in dataset.ids if finished(i)]
+    summary.exported = [mask_name(i) for i in exported]
+    summary.existing = len(exported) - summary.done
+    _write_merged(summary, dataset, cfg, checkpoint, split_file, exported)
+    return summary
+
+
+def _settings(checkpoint: str | Path, dataset: VOCClsDataset, cfg: Config, crf: bool) -> dict[str, Any]:
+    """What the masks depend on, as JSON values (``run.json``)."""
+    crf_config = {k: v for k, v in asdict(cfg.infer.crf).items() if k != "workers"} if crf else None
+    settings = {
+        "checkpoint": os.path.realpath(checkpoint), "label_file": os.path.realpath(dataset.label_path),
+        "classes": list(dataset.classes), "cam": asdict(cfg.cam), "par": asdict(cfg.par),
+        "ignore_index": cfg.data.ignore_index, "crf": crf, "crf_config": crf_config,
+    }  # fmt: skip
+    return json.loads(json.dumps(settings))
+
+
+def _check_previous_settings(output: Path, settings: dict[str, Any], masks_exist: bool) -> None:
+    """Refuse to add masks made with other settings than ``run.json``'s to those already in OUT."""
+    try:
+        previous = json.loads((output / "run.json").read_text())
+    except (OSError, ValueError):
+        return
+    changed = [k for k in settings if previous.get(k) != settings[k]]
+    if changed and masks_exist:
+        raise ValueError(
+            f"{output} holds pseudo labels made with other settings ({', '.join(changed)} differ from "
+            f"{output / 'run.json'}); --overwrite redoes every image, or give another OUT"
+        )
+
+
+def _check_outputs(output: Path, dataset: VOCClsDataset, split_file: Path) -> None:
+    """Refuse an OUT where a mask folder is the dataset's image or mask folder, or the split file an input."""
+    inputs = {
+        os.path.realpath(dataset.root / dataset.cfg.image_dir): "image folder",
+        os.path.realpath(dataset.root / dataset.cfg.mask_dir): "mask folder",
+        os.path.realpath(dataset.split_file): "split file",
+        os.path.realpath(dataset.label_path): "label file",
+    }
+    for written in (output / PSEUDO_DIR, output / DENSE_DIR, split_file):
+        clash = inputs.get(os.path.realpath(written))
+        if clash is not None:
+            raise ValueError(f"{written} is the dataset's {clash}, which the export would overwrite; give another OUT")
+
+
+def _write_merged(
+    summary: ExportSummary,
+    dataset: VOCClsDataset,
+    cfg: Config,
+    checkpoint: str | Path,
+    split_file: Path,
+    exported: list[str],
+) -> None:
+    """Rank 0, after every rank finished: the split file, ``image_labels.json``, the second-stage configs and
+    ``summary.json``; the ``tools/eval.py`` commands when the dataset has masks for the exported images."""
+    output, classes = summary.output, list(dataset.classes)
+    with writing(split_file):
+        atomic_write_text(split_file, "".join(f"{name}\n" for name in summary.exported))
+    images = {mask_name(i): {"present": [classes[k + 1] for k in np.flatnonzero(dataset.labels[i])]} for i in exported}
+    labels_file = output / "image_labels.json"
+    with writing(labels_file):
+        atomic_write_text(labels_file, json.dumps({
+            "classes": classes, "label_file": str(dataset.label_path), "images": images,
+        }, indent=1) + "\n")  # fmt: skip
+    header = (
+        f"Pseudo labels of {len(exported)} images of split {summary.split} of {dataset.root}, made by "
+        f"tools/make_pseudo_labels.py from {checkpoint}."
+    )
+    with writing(output):
+        summary.files = {
+            "split": split_file,
+            "image_labels": labels_file,
+            **write_second_stage(
+                output, cfg, dataset.root, split_file, output / PSEUDO_DIR,
+                [dataset.image_path(i).suffix for i in exported], classes, header,
+            ),
+        }  # fmt: skip
+    try:
+        gt = exported and all(mask_file(dataset.root, i, cfg.data).is_file() for i in exported)
+    except ValueError:  # a mask resolving outside the root: no scoring offered
+        gt = False
+    if gt:
+        gt_dir, ids = dataset.root / cfg.data.mask_dir, f"--ids {split_file}"
+        summary.eval_commands = [
+            f"python tools/eval.py {output / DENSE_DIR} {gt_dir} {ids}   # every pixel (the paper's Table 3)",
+            f"python tools/eval.py {output / PSEUDO_DIR} {gt_dir} {ids} --certain-only   # certain pixels only",
+        ]
+    summary_file = output / "summary.json"
+    with writing(summary_file):
+        atomic_write_text(summary_file, json.dumps(summary.to_dict(), indent=2) + "\n")
