@@ -399,7 +399,7 @@ class InferConfig:
     1024 the largest default TTA scale 1.5 gives a DeiT-S/16 at most 96 x 96 tokens (an op takes seconds on a CPU),
     while VOC (500 px), COCO (640 px) and the 448 px training crops keep their own size. The outputs come back to
     full size in bands of ``max_size**2`` pixels, so no full-size float map is held (docs/benchmarks.md: that PNG
-    peaks at 1.8 GB RSS, 6.2 GB before)."""
+    peaks at 1.79 GiB RSS, 6.20 GiB before)."""
     crf: CrfConfig = field(default_factory=CrfConfig)
 
     def __post_init__(self) -> None:
