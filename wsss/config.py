@@ -363,8 +363,12 @@ class TrainConfig:
 
 @dataclass
 class CrfConfig:
-    """Dense CRF post-processing (pydensecrf2)."""
+    """Dense CRF post-processing (Krähenbühl & Koltun 2011; docs/design.md section 3)."""
 
+    backend: str = choice("torch", "pydensecrf")
+    """``torch``: the mean-field over a permutohedral lattice in PyTorch (:mod:`wsss.inference.permutohedral`), on the
+    device of the probabilities, many images per call; ``pydensecrf``: the reference C++ (pydensecrf2, which must be
+    installed and needs a compiler to install), in ``workers`` processes. docs/reference.md row 19."""
     gaussian_sxy: float = 1.0
     gaussian_compat: float = 1.0
     bilateral_sxy: float = 121.0
@@ -372,6 +376,8 @@ class CrfConfig:
     bilateral_compat: float = 4.0
     iterations: int = 10
     workers: int = 2
+    """Processes of the ``pydensecrf`` backend (0: serial in the calling process); the ``torch`` backend runs in the
+    calling process on the probabilities' device and ignores it."""
 
 
 @dataclass
