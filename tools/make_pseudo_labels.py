@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config", type=Path, help="config whose data, cam, par and infer.crf replace the checkpoint's"
     )
-    parser.add_argument("--crf", action="store_true", help="dense CRF on each score stack (pydensecrf2)")
-    parser.add_argument("--crf-workers", type=int, help="CRF processes per rank (default: infer.crf.workers)")
+    parser.add_argument("--crf", action="store_true", help="dense CRF on each score stack (infer.crf.*)")
+    parser.add_argument("--crf-workers", type=int, help="pydensecrf backend: CRF processes per rank")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")
     parser.add_argument(

@@ -1,15 +1,20 @@
 """Evaluate a checkpoint on the config's validation split, as mmseg's tools/test.py does.
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out DIR] [--show-dir DIR] [--tta]
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out DIR] [--show-dir DIR] [--tta] [--crf]
         [--cfg-options k=v ...] [--device cuda|cpu] [--launcher none|pytorch]
 
 CHECKPOINT is a wsss checkpoint (.pth) or a tools/export.py --safetensors export. The masks of data.val_split
 (under data.root) are predicted afresh as tools/infer.py predicts them and scored against data.mask_dir with mmseg
 IoUMetric's keys (aAcc, mIoU, mAcc, per-class IoU). The inference settings are those of CONFIG (infer.*, with
---cfg-options); one scale without flip unless --tta, which uses infer.scales and infer.flip.
+--cfg-options); one scale without flip unless --tta, which uses infer.scales and infer.flip. --crf refines each
+mask with the dense CRF (infer.crf.*): `--tta --crf` is the paper's protocol (multi-scale + flip + dense CRF).
+infer.crf.backend=torch (default) runs the CRF where the model runs, many images per call; on a GPU it takes
+milliseconds per image. On the CPU the pydensecrf backend (pip install pydensecrf2, needs a compiler), in
+infer.crf.workers processes, is faster (docs/benchmarks.md, "Dense CRF"): its C++ builds the lattice with a hash
+table, the torch backend by sorting.
 
 Outputs (nothing is written beside the checkpoint, which may be read-only):
-  --work-dir DIR   metrics.json goes to DIR/test_<checkpoint name>[_tta]/, and so do the predicted masks
+  --work-dir DIR   metrics.json goes to DIR/test_<checkpoint name>[_tta][_crf]/, and so do the predicted masks
                    (masks/<id>.png) unless --out or --show-dir is given; default DIR: work_dirs/<config name>
                    (mmseg's ./work_dirs/<config stem>)
   --out DIR        the predicted masks: DIR/masks/<id>.png (palette PNGs of class indices)
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for the predicted masks (DIR/masks/<id>.png)")
     parser.add_argument("--show-dir", type=Path, help="folder for the painted images and index.html")
     parser.add_argument("--tta", action="store_true", help="multi-scale + flip (infer.scales, infer.flip)")
+    parser.add_argument("--crf", action="store_true", help="dense CRF on each mask (infer.crf.*; see above)")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--launcher", choices=("none", "pytorch"), default="none", help="pytorch: under torchrun")
@@ -55,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     work_dir = args.work_dir or Path("work_dirs") / Path(args.config).stem
-    run_dir = work_dir / f"test_{args.checkpoint.stem}{'_tta' if args.tta else ''}"
+    run_dir = work_dir / f"test_{args.checkpoint.stem}{'_tta' if args.tta else ''}{'_crf' if args.crf else ''}"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
         result = evaluate_checkpoint(cfg, args.checkpoint, run_dir, out=args.out, show_dir=args.show_dir,
-                                     tta=args.tta, device=device)  # fmt: skip
+                                     tta=args.tta, crf=args.crf, device=device)  # fmt: skip
         is_main = rank_and_world()[0] == 0
     except (ConfigError, OSError, ValueError) as err:  # OSError: a missing file or an output not written, named
         print(f"error: {err}", file=sys.stderr)

@@ -375,6 +375,10 @@ class CrfConfig:
     bilateral_srgb: float = 5.0
     bilateral_compat: float = 4.0
     iterations: int = 10
+    reference_padding: bool = True
+    """``torch`` backend: add the lattice points pydensecrf's SSE build adds when an image's pixel count is not a
+    multiple of 4 (padding points at feature 0, whose simplex joins the lattice and relays the blur), so the
+    marginals equal the reference's; False, the filter without them. docs/reference.md row 19 measures both."""
     workers: int = 2
     """Processes of the ``pydensecrf`` backend (0: serial in the calling process); the ``torch`` backend runs in the
     calling process on the probabilities' device and ignores it."""

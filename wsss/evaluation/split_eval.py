@@ -50,6 +50,7 @@ def evaluate_checkpoint(
     out: str | Path | None = None,
     show_dir: str | Path | None = None,
     tta: bool = False,
+    crf: bool = False,
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> SplitEvaluation:
@@ -68,6 +69,7 @@ def evaluate_checkpoint(
             with the masks they show and the inference run's files; the masks are copied to ``out`` when both
             are given.
         tta: Multi-scale + flip (``cfg.infer.scales``, ``cfg.infer.flip``); otherwise one scale, no flip.
+        crf: Refine the masks with the dense CRF (``cfg.infer.crf``); with ``tta``, the paper's protocol.
         device: Where the model runs and the confusion matrix is counted (under torchrun: ``cuda`` is each rank's
             ``cuda:LOCAL_RANK``, with NCCL; ``cpu`` uses gloo).
         progress: Progress bars (on rank 0 alone).
@@ -97,7 +99,7 @@ def evaluate_checkpoint(
             check_output_folder(root, folder)
     predicted = Path(show_dir or out or run_dir)
     options = InferenceOptions(
-        scales=cfg.infer.scales if tta else (1.0,), flip=cfg.infer.flip and tta, gallery=show_dir is not None,
+        scales=cfg.infer.scales if tta else (1.0,), flip=cfg.infer.flip and tta, crf=crf, gallery=show_dir is not None,
         overwrite=True, progress=progress, cfg_options={f"infer.{k}": v for k, v in to_dict(cfg)["infer"].items()},
     )  # fmt: skip
     summary = run_inference(checkpoint, root, predicted, cfg.data.val_split, options, device)
@@ -112,7 +114,7 @@ def evaluate_checkpoint(
     if dist_info.is_main:
         with writing(metrics_file):
             save_metrics_json(metrics, metrics_file, checkpoint=str(checkpoint), split=cfg.data.val_split, tta=tta,
-                              predictions=str(masks))  # fmt: skip
+                              crf=crf, predictions=str(masks))  # fmt: skip
     gallery = predicted / "index.html" if show_dir is not None else None
     return SplitEvaluation(metrics, summary, metrics_file, masks, gallery)
 

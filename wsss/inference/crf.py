@@ -1,32 +1,47 @@
-"""Dense CRF post-processing (Krähenbühl & Koltun 2011) with pydensecrf2, serial or in a process pool.
+"""Dense CRF post-processing (Krähenbühl & Koltun 2011): mean-field inference of a fully connected CRF.
 
 The unary is ``-log(clip(p, 1e-5, 1))`` of the class probabilities (as ``pydensecrf.utils.unary_from_softmax``);
 the pairwise terms are a Gaussian smoothness kernel (``gaussian_sxy``, ``gaussian_compat``) and a bilateral
 appearance kernel on the RGB image (``bilateral_sxy``, ``bilateral_srgb``, ``bilateral_compat``), both with
-Potts compatibility; ``iterations`` mean-field steps. Every constant comes from :class:`wsss.config.CrfConfig`
-(defaults: docs/design.md section 3).
+Potts compatibility and symmetric normalisation; ``iterations`` mean-field steps. Every constant comes from
+:class:`wsss.config.CrfConfig` (defaults: docs/design.md section 3).
 
-The CRF is single-threaded C++ and takes about as long as a DeiT-S forward pass per image, so
-:class:`CrfPool` runs it in ``CrfConfig.workers`` processes while the caller keeps feeding the model:
-submit a job as soon as an image's probabilities exist and collect the finished ones later.
+Two backends (``CrfConfig.backend``):
+
+- ``torch`` (default): the same algorithm in PyTorch over a permutohedral lattice
+  (:mod:`wsss.inference.permutohedral`), on the device of the probabilities, many images of any sizes per call
+  (:func:`dense_crf_batch`). Nothing to compile. Its marginals equal pydensecrf's to float32 precision
+  (tests/inference/test_crf_parity.py; docs/reference.md row 19).
+- ``pydensecrf``: the reference C++ (pydensecrf2, source-only on PyPI: installing it needs a compiler), single
+  threaded, so :class:`CrfPool` runs it in ``CrfConfig.workers`` processes while the caller keeps feeding the model.
+
+Memory of the torch backend, per pixel: about 200 bytes for the two lattices (sparse splat, slice and blur
+matrices), plus per pixel and class about 20 bytes (marginals, unary, messages) and 8 bytes per lattice point
+and class, of which there are between 0.3 (smooth photographs) and 4.7 (random colours) per pixel
+(docs/benchmarks.md, "Dense CRF").
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from wsss.config import CrfConfig
+from wsss.inference.permutohedral import build_lattice
 from wsss.utils.lifetime import die_with_parent
 
 UNARY_CLIP = 1e-5
 """Probabilities are clipped to ``[UNARY_CLIP, 1]`` before the log (pydensecrf's ``unary_from_softmax``)."""
+NORM_EPS = 1e-20
+"""Added to a kernel's sum of weights before its inverse square root (pydensecrf's ``NORMALIZE_SYMMETRIC``)."""
 
-__all__ = ["CrfPool", "UNARY_CLIP", "crf_labels", "dense_crf"]
+__all__ = ["CrfPool", "NORM_EPS", "UNARY_CLIP", "crf_labels", "dense_crf", "dense_crf_batch"]
 
 
 def _densecrf_module():
@@ -34,58 +49,156 @@ def _densecrf_module():
         import pydensecrf.densecrf as dcrf
     except ImportError as err:
         raise ImportError(
-            "dense CRF post-processing needs the 'pydensecrf2' package (import name pydensecrf): "
-            "pip install pydensecrf2. Or run without --crf."
+            "infer.crf.backend=pydensecrf needs the 'pydensecrf2' package (import name pydensecrf), which builds "
+            "from source: pip install pydensecrf2 (needs a C++ compiler), or use infer.crf.backend=torch."
         ) from err
     return dcrf
 
 
-def dense_crf(image: np.ndarray, probs: np.ndarray, cfg: CrfConfig | None = None) -> np.ndarray:
+def dense_crf(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: CrfConfig | None = None):
     """Refine per-pixel class probabilities with a fully connected CRF.
 
     Args:
-        image: (H, W, 3) uint8 RGB, the image the probabilities belong to (bilateral kernel).
-        probs: (C, H, W) class probabilities (e.g. the softmax of the segmentation logits).
-        cfg: Kernel constants and iterations; default :class:`CrfConfig`'s.
+        image: (H, W, 3) uint8 RGB, the image the probabilities belong to (bilateral kernel); any memory layout,
+            read-only arrays too.
+        probs: (C, H, W) class probabilities (e.g. the softmax of the segmentation logits). A tensor runs on its
+            device (torch backend).
+        cfg: Kernel constants, iterations and backend; default :class:`CrfConfig`'s.
 
     Returns:
-        (C, H, W) float32 mean-field marginals (each pixel sums to 1).
+        (C, H, W) float32 mean-field marginals (each pixel sums to 1): a tensor on ``probs``' device when
+        ``probs`` is a tensor, else a numpy array.
 
     Raises:
-        ImportError: pydensecrf2 is not installed.
+        ImportError: backend ``pydensecrf`` without pydensecrf2 installed.
         ValueError: The image and the probabilities do not match.
     """
     cfg = cfg or CrfConfig()
+    _check_pair(image, probs)
+    if cfg.backend == "pydensecrf":
+        q = _pydensecrf(_numpy(image), _numpy(probs).astype(np.float32, copy=False), cfg)
+        return torch.from_numpy(q).to(probs.device) if isinstance(probs, Tensor) else q
+    q = dense_crf_batch([image], [_tensor(probs, np.float32)], cfg)[0]
+    return q if isinstance(probs, Tensor) else q.numpy()
+
+
+def crf_labels(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: CrfConfig | None = None):
+    """(H, W) uint8 argmax of :func:`dense_crf` (class indices; C must be <= 256): a tensor on ``probs``' device
+    when ``probs`` is a tensor, else a numpy array."""
+    if probs.shape[0] > 256:
+        raise ValueError(f"crf_labels returns uint8 class indices; {probs.shape[0]} classes do not fit")
+    q = dense_crf(image, probs, cfg)
+    return q.argmax(dim=0).to(torch.uint8) if isinstance(q, Tensor) else q.argmax(axis=0).astype(np.uint8)
+
+
+def dense_crf_batch(
+    images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], cfg: CrfConfig, dtype: torch.dtype = torch.float32
+) -> list[Tensor]:
+    """:func:`dense_crf` (torch backend) of many images in one mean-field run, each with its own lattice.
+
+    The images may differ in size and in number of classes: every pixel of every image is one row of one lattice
+    whose keys carry the image index, so no two images share a lattice point and each result equals a call on
+    its own image (up to float summation order).
+
+    Args:
+        images: (H_i, W_i, 3) uint8 RGB arrays or tensors.
+        probs: (C_i, H_i, W_i) float probability tensors, all on one device (where the CRF runs).
+        cfg: Kernel constants and iterations.
+        dtype: Of the mean-field (float32 as pydensecrf; float64 shows how far float32 rounding moves a result).
+
+    Returns:
+        (C_i, H_i, W_i) marginals of ``dtype`` on that device, one per image.
+    """
+    if not probs:
+        return []
+    device = probs[0].device
+    sizes = [p.shape[1] * p.shape[2] for p in probs]
+    classes = max(p.shape[0] for p in probs)
+    unary = torch.full((sum(sizes), classes), float("inf"), dtype=dtype, device=device)  # absent classes: p = 0
+    rows, features_g, features_b = 0, [], []
+    sxy_g = torch.tensor(cfg.gaussian_sxy, dtype=torch.float32, device=device)
+    sxy_b = torch.tensor(cfg.bilateral_sxy, dtype=torch.float32, device=device)
+    srgb = torch.tensor(cfg.bilateral_srgb, dtype=torch.float32, device=device)
+    for image, p in zip(images, probs, strict=True):
+        _check_pair(image, p)
+        if p.device != device:
+            raise ValueError(f"dense_crf_batch needs every probability tensor on one device: {p.device} != {device}")
+        c, h, w = p.shape
+        unary[rows : rows + h * w, :c] = -p.detach().float().reshape(c, -1).T.clamp(UNARY_CLIP, 1.0).log().to(dtype)
+        rows += h * w
+        y, x = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+        xy = torch.stack([x.reshape(-1), y.reshape(-1)], dim=1).float()  # pydensecrf: feature (x, y) = (column, row)
+        rgb = _tensor(image, np.uint8).to(device).reshape(-1, 3).float()
+        # true division, as pydensecrf's i / sx (CUDA would multiply by a reciprocal for a Python scalar)
+        features_g.append(xy / sxy_g)
+        features_b.append(torch.cat([xy / sxy_b, rgb / srgb], dim=1))
+    segments = torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
+    kernels = []
+    for features, compat in ((features_g, cfg.gaussian_compat), (features_b, cfg.bilateral_compat)):
+        if compat == 0:
+            continue
+        lattice = build_lattice(torch.cat(features), segments if len(sizes) > 1 else None, dtype,
+                                reference_padding=cfg.reference_padding)  # fmt: skip
+        norm = (lattice.filter(torch.ones(unary.shape[0], 1, dtype=dtype, device=device)) + NORM_EPS).rsqrt()
+        kernels.append((lattice, norm, compat))
+    q = torch.softmax(-unary, dim=1)
+    for _ in range(cfg.iterations):
+        message = -unary
+        for lattice, norm, compat in kernels:
+            message = message + compat * (lattice.filter(q * norm) * norm)  # Potts: -compat * filtered, subtracted
+        q = torch.softmax(message, dim=1)
+    out, rows = [], 0
+    for p in probs:
+        c, h, w = p.shape
+        out.append(q[rows : rows + h * w, :c].T.reshape(c, h, w).contiguous())
+        rows += h * w
+    return out
+
+
+def _pydensecrf(image: np.ndarray, probs: np.ndarray, cfg: CrfConfig) -> np.ndarray:
+    """(C, H, W) float32 marginals from pydensecrf2 (the reference)."""
     dcrf = _densecrf_module()
-    if image.ndim != 3 or image.shape[2] != 3 or probs.ndim != 3 or probs.shape[1:] != image.shape[:2]:
-        raise ValueError(f"dense_crf needs an (H, W, 3) image and (C, H, W) probs, got {image.shape}, {probs.shape}")
     c, h, w = probs.shape
-    unary = -np.log(np.clip(probs.reshape(c, -1).astype(np.float32), UNARY_CLIP, 1.0))
+    unary = -np.log(np.clip(probs.reshape(c, -1), UNARY_CLIP, 1.0))
     crf = dcrf.DenseCRF2D(w, h, c)
-    crf.setUnaryEnergy(np.ascontiguousarray(unary))
+    crf.setUnaryEnergy(np.ascontiguousarray(unary, dtype=np.float32))
     crf.addPairwiseGaussian(sxy=cfg.gaussian_sxy, compat=cfg.gaussian_compat)
     crf.addPairwiseBilateral(
         sxy=cfg.bilateral_sxy,
         srgb=cfg.bilateral_srgb,
-        rgbim=np.ascontiguousarray(image, dtype=np.uint8),
+        rgbim=np.require(image, np.uint8, ["C", "W"]),  # pydensecrf's typed buffer refuses read-only arrays
         compat=cfg.bilateral_compat,
     )
     q = crf.inference(cfg.iterations)
     return np.asarray(q, dtype=np.float32).reshape(c, h, w)
 
 
-def crf_labels(image: np.ndarray, probs: np.ndarray, cfg: CrfConfig | None = None) -> np.ndarray:
-    """(H, W) uint8 argmax of :func:`dense_crf` (class indices; C must be <= 256)."""
-    if probs.shape[0] > 256:
-        raise ValueError(f"crf_labels returns uint8 class indices; {probs.shape[0]} classes do not fit")
-    return dense_crf(image, probs, cfg).argmax(axis=0).astype(np.uint8)
+def _check_pair(image, probs) -> None:
+    if image.ndim != 3 or image.shape[2] != 3 or probs.ndim != 3 or tuple(probs.shape[1:]) != tuple(image.shape[:2]):
+        raise ValueError(
+            f"dense_crf needs an (H, W, 3) image and (C, H, W) probs, got {tuple(image.shape)}, {tuple(probs.shape)}"
+        )
+
+
+def _numpy(array: np.ndarray | Tensor) -> np.ndarray:
+    return array.detach().cpu().numpy() if isinstance(array, Tensor) else np.asarray(array)
+
+
+def _tensor(array: np.ndarray | Tensor, dtype: type) -> Tensor:
+    """A tensor as it is, or a numpy array as a tensor of ``dtype`` (a view, read-only or negatively strided array
+    is copied)."""
+    return array if isinstance(array, Tensor) else torch.from_numpy(np.require(array, dtype, ["C", "W"]))
 
 
 class CrfPool:
-    """Run :func:`crf_labels` jobs in worker processes (or inline with ``workers=0``).
+    """Run :func:`crf_labels` jobs: batched in the calling process (``torch`` backend), or in worker processes
+    (``pydensecrf`` backend; inline with ``workers=0``).
 
-    The workers start in the constructor, so create the pool before the model (and before any thread
-    pool): with the default ``fork`` start method (where the platform has it) they then start in
+    With the ``torch`` backend a job runs at once on the probabilities' device (a GPU where the model runs), and
+    :meth:`submit_batch` runs many images in one mean-field pass; no process is started.
+
+    With ``pydensecrf`` the workers start in the constructor, so create the pool before the model (and before any
+    thread pool): with the default ``fork`` start method (where the platform has it) they then start in
     milliseconds and inherit no running threads. ``fork`` is safe here because a job runs only numpy and
     pydensecrf (plain C++, no OpenMP), never torch. ``spawn`` (the default elsewhere) re-imports the
     caller's ``__main__`` in every worker, which costs seconds when it imports torch. Results are
@@ -94,14 +207,14 @@ class CrfPool:
     running jobs instead of waiting for them.
 
     Args:
-        cfg: CRF constants; ``cfg.workers`` processes unless ``workers`` is given.
+        cfg: CRF constants and backend; ``cfg.workers`` processes (``pydensecrf``) unless ``workers`` is given.
         workers: Override of ``cfg.workers``; 0 runs every job in the calling process at submit time.
         start_method: ``fork``, ``forkserver`` or ``spawn``; None picks ``fork`` where available.
 
     Example:
         >>> with CrfPool(cfg.infer.crf) as pool:
-        ...     futures = [pool.submit(image, probs) for image, probs in items]   # non-blocking
-        ...     labels = [f.result() for f in futures]                           # (H, W) uint8 each
+        ...     futures = pool.submit_batch(images, probs)   # non-blocking with pydensecrf workers
+        ...     labels = [f.result() for f in futures]       # (H, W) uint8 numpy each
     """
 
     def __init__(self, cfg: CrfConfig, workers: int | None = None, start_method: str | None = None) -> None:
@@ -109,8 +222,11 @@ class CrfPool:
         self.workers = cfg.workers if workers is None else workers
         if self.workers < 0:
             raise ValueError(f"CRF workers must be >= 0, got {self.workers}")
-        _densecrf_module()  # fail at start, not in the first job
         self._executor = None
+        if cfg.backend == "torch":
+            self.workers = 0
+            return
+        _densecrf_module()  # fail at start, not in the first job
         if self.workers > 0:
             if start_method is None:
                 start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -121,14 +237,21 @@ class CrfPool:
             for future in [self._executor.submit(_check_import) for _ in range(self.workers)]:
                 future.result()  # start the workers now (and check pydensecrf imports in them)
 
-    def submit(self, image: np.ndarray, probs: np.ndarray) -> Future:
+    def submit(self, image: np.ndarray, probs: np.ndarray | Tensor) -> Future:
         """Queue one job: ``image`` (H, W, 3) uint8, ``probs`` (C, H, W) -> Future of (H, W) uint8 labels.
 
         With workers the call returns at once; an exception in the job is raised by ``Future.result()``.
         """
+        return self.submit_batch([image], [probs])[0]
+
+    def submit_batch(self, images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tensor]) -> list[Future]:
+        """:meth:`submit` of many images; the ``torch`` backend runs them in one batched call."""
+        if self.cfg.backend == "torch":
+            return _torch_jobs(images, probs, self.cfg)
+        probs = [_numpy(p) for p in probs]
         if self._executor is not None:
-            return self._executor.submit(crf_labels, image, probs, self.cfg)
-        return _run_now(crf_labels, image, probs, self.cfg)
+            return [self._executor.submit(crf_labels, i, p, self.cfg) for i, p in zip(images, probs, strict=True)]
+        return [_run_now(crf_labels, i, p, self.cfg) for i, p in zip(images, probs, strict=True)]
 
     def close(self) -> None:
         """Wait for the queued jobs and stop the workers."""
@@ -160,3 +283,19 @@ def _run_now(fn: Callable, *args) -> Future:
     except Exception as err:  # delivered through the future, as a pool would
         future.set_exception(err)
     return future
+
+
+def _torch_jobs(images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tensor], cfg: CrfConfig) -> list[Future]:
+    """Finished futures of (H, W) uint8 numpy labels: the images whose shapes fit run in one batch, the others
+    fail alone."""
+    futures = [_run_now(_check_pair, i, p) for i, p in zip(images, probs, strict=True)]
+    ok = [k for k, f in enumerate(futures) if f.exception() is None]
+    tensors = [_tensor(probs[k], np.float32) for k in ok]
+    batch = _run_now(dense_crf_batch, [images[k] for k in ok], tensors, cfg)
+    for k, j in zip(ok, range(len(ok)), strict=True):
+        futures[k] = Future()
+        if batch.exception() is not None:
+            futures[k].set_exception(batch.exception())
+        else:
+            futures[k].set_result(batch.result()[j].argmax(dim=0).to(torch.uint8).cpu().numpy())
+    return futures

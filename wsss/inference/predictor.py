@@ -225,13 +225,17 @@ class Prediction:
             mask[start:stop] = index[self.resize.band(logits, start, stop).argmax(dim=0)].to(torch.uint8).cpu().numpy()
         return mask
 
-    def probabilities(self, i: int, keep: Tensor) -> np.ndarray:
+    def probabilities(self, i: int, keep: Tensor, on_device: bool = False) -> np.ndarray | Tensor:
         """(K, H, W) float32 softmax of image ``i``'s logits over the K classes ``keep`` allows (the CRF's
-        input; its labels index ``keep.nonzero()``)."""
+        input; its labels index ``keep.nonzero()``): a numpy array, or with ``on_device`` a tensor on the model's
+        device (for the torch CRF there)."""
         logits = self.out.seg[i, keep.nonzero()[:, 0].to(self.out.seg.device)]
+        bands = (self.resize.band(logits, start, stop).float().softmax(dim=0) for start, stop in self.bands())
+        if on_device:
+            return torch.cat(list(bands), dim=1)
         probs = np.empty((logits.shape[0], *self.size), np.float32)
-        for start, stop in self.bands():
-            probs[:, start:stop] = self.resize.band(logits, start, stop).softmax(dim=0).cpu().numpy()
+        for (start, stop), band in zip(self.bands(), bands, strict=True):
+            probs[:, start:stop] = band.cpu().numpy()
         return probs
 
     def cams(self, i: int, classes: Tensor) -> Iterator[tuple[int, Tensor]]:
@@ -387,7 +391,8 @@ class Segmenter:
         """Segment one image: a file, a ``PIL.Image`` or a uint8 array (:func:`as_rgb`).
 
         ``scales``, ``flip`` and ``max_size`` are those of :meth:`predict`; ``crf`` refines the mask with the
-        dense CRF (constants ``infer.crf``; needs pydensecrf2); ``cams`` also returns the CAMs.
+        dense CRF (``infer.crf``: constants and backend; ``torch`` runs on the model's device); ``cams`` also
+        returns the CAMs.
 
         Raises:
             FileNotFoundError: A path that does not exist.
@@ -399,7 +404,9 @@ class Segmenter:
         cls_logits = pred.out.cls_logits[0]
         keep = self.mask_classes(cls_logits)
         if crf:
-            labels = crf_labels(raw, pred.probabilities(0, keep), self.cfg.crf)
+            probs = pred.probabilities(0, keep, on_device=self.cfg.crf.backend == "torch")
+            labels = crf_labels(raw, probs, self.cfg.crf)
+            labels = labels.cpu().numpy() if isinstance(labels, Tensor) else labels
             mask = keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy()[labels]
         else:
             mask = pred.mask(0, keep)

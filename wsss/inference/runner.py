@@ -37,10 +37,11 @@ Batching (:mod:`wsss.inference.batching`): a batch holds images of one size. Eac
 float rounding.
 
 Dense CRF (``crf=True``): softmax of the TTA logits of the classes the mask may hold, then
-:func:`wsss.inference.crf.crf_labels` in a pool of
-``CrfConfig.workers`` processes; a job is submitted as soon as an image's logits exist and its mask is
-written when the job finishes, so the model loop does not wait for the CRF (it waits only when more than
-``2 * workers + batch_size`` jobs are queued, to bound memory).
+:class:`wsss.inference.crf.CrfPool`. With ``infer.crf.backend = torch`` (default) the images of a model batch
+go through one batched CRF call on the model's device. With ``pydensecrf`` the jobs go to ``CrfConfig.workers``
+processes as soon as an image's logits exist and its mask is written when the job finishes, so the model loop
+does not wait for the CRF (it waits only when more than ``2 * workers + batch_size`` jobs are queued, to bound
+memory).
 
 Size cap: the model sees every image with its longest side at most ``max_size`` (``infer.max_size``, default
 1024; 0: no cap); every output comes back at the image's own size a band of rows of at most ``max_size**2``
@@ -152,7 +153,7 @@ class InferenceOptions:
         batch_size: Images per forward batch (same-size images only).
         overwrite: Redo images whose outputs exist.
         num_workers: Image decoding processes (0: in the main process).
-        crf_workers: CRF processes; None takes ``infer.crf.workers`` (0: serial).
+        crf_workers: CRF processes of the ``pydensecrf`` backend; None takes ``infer.crf.workers`` (0: serial).
         max_size: Longest side the model sees (0: no cap); None takes ``infer.max_size`` (see :class:`Segmenter`).
         progress: Show a progress bar.
         cfg_options: ``{"infer.key": value}`` overrides of the checkpoint's inference settings (``--cfg-options``).
@@ -602,6 +603,8 @@ class _InferenceLoop:
 
     def __init__(self, setup: LoopSetup, summary: InferenceSummary, pool: CrfPool | None) -> None:
         self.setup, self.summary, self.pool = setup, summary, pool
+        self.on_device = pool is not None and pool.cfg.backend == "torch"
+        """The CRF takes the probabilities where the model left them."""
         self.palette = voc_palette()
         self.pending: deque[tuple[Source, dict[str, Path], np.ndarray, np.ndarray, Future]] = deque()
         self.finished: list[str] = []
@@ -643,6 +646,7 @@ class _InferenceLoop:
         images = [raw for _, _, raw in batch]
         pred = segmenter.predict(images, setup.scales, setup.flip, setup.max_size, cams="cams" in setup.kinds)
         names = segmenter.classes[1:]
+        crf_jobs = []
         for i, (src, paths, raw) in enumerate(batch):
             cls_logits = pred.out.cls_logits[i]
             present, top1 = predicted_classes(cls_logits, segmenter.cfg.cls_thresh)
@@ -665,10 +669,13 @@ class _InferenceLoop:
                 _save(paths["thumbs"], save_image, thumb)
             keep = segmenter.mask_classes(cls_logits)
             if self.pool is not None:
-                job = self.pool.submit(raw, pred.probabilities(i, keep))
-                self.pending.append((src, paths, raw, keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy(), job))
+                crf_jobs.append((src, paths, raw, keep, pred.probabilities(i, keep, on_device=self.on_device)))
             else:
                 self._finish(src, paths, raw, pred.mask(i, keep))
+        if crf_jobs:  # the torch backend runs the batch's CRFs in one call, on the model's device
+            futures = self.pool.submit_batch([job[2] for job in crf_jobs], [job[4] for job in crf_jobs])
+            for (src, paths, raw, keep, _), future in zip(crf_jobs, futures, strict=True):
+                self.pending.append((src, paths, raw, keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy(), future))
         self._collect(block=False)
 
     def _collect(self, block: bool) -> None:
