@@ -135,6 +135,19 @@ def test_refused_from_a_checkpoints_config(checkpoint, tmp_path, key, value, tex
     assert info.match(f"^{path}: its config is refused: config key" + message)
 
 
+@pytest.mark.parametrize(
+    "key", ["gaussian_sxy", "bilateral_sxy", "bilateral_srgb", "gaussian_compat", "bilateral_compat"]
+)
+def test_every_crf_constant_is_finite_widths_positive_weights_not_negative(key):
+    """A zero width divided the CRF's features (a BrokenProcessPool); a weight of 0 switches its kernel off."""
+    width = key.endswith(("sxy", "srgb"))
+    for value in (0.0 if width else -1.0, INF):
+        rule = "finite and > 0" if width else "finite and >= 0"
+        with pytest.raises(ConfigError, match=rf"^config key 'infer\.crf\.{key}': must be {rule}, got"):
+            from_dict(Config, {"infer": {"crf": {key: value}}})
+    assert getattr(from_dict(Config, {"infer": {"crf": {key: 1e-3 if width else 0.0}}}).infer.crf, key) >= 0
+
+
 def test_the_true_checkpoint_is_read(checkpoint, tmp_path):
     """The control of the test above: the same checkpoint, unedited, is read."""
     assert read_model_file(craft(checkpoint, tmp_path / "iter_3.pth"))["step"] == 3

@@ -312,10 +312,12 @@ class CrfConfig(Section):
     device of the probabilities, many images per call; ``pydensecrf``: the reference C++ (pydensecrf2, which must be
     installed and needs a compiler to install), in ``workers`` processes. docs/reference.md row 19."""
     gaussian_sxy: float = bounded(1.0, POSITIVE)
-    gaussian_compat: float = bounded(1.0, POSITIVE)
+    """Widths (``*_sxy`` in pixels, ``bilateral_srgb`` in colour levels) divide the features: > 0."""
+    gaussian_compat: float = bounded(1.0, NON_NEGATIVE)
+    """Weights of the two kernels (Potts compatibility): 0 switches a kernel off."""
     bilateral_sxy: float = bounded(121.0, POSITIVE)
     bilateral_srgb: float = bounded(5.0, POSITIVE)
-    bilateral_compat: float = bounded(4.0, POSITIVE)
+    bilateral_compat: float = bounded(4.0, NON_NEGATIVE)
     iterations: int = bounded(10, ITERATIONS)
     workers: int = bounded(2, WORKERS)
     """Processes of the ``pydensecrf`` backend (0: serial in the calling process); the ``torch`` backend runs in the
