@@ -46,8 +46,8 @@ BAD_VALUES = [
     ("data.ignore_index", 300, "300", r" 'data\.ignore_index': must be in \[0, 255\], got 300"),
     ("data.ignore_index", 5, "5", r" 'data\.ignore_index': must be in \[21, 255\] \(.*no class index.*\), got 5"),
     ("infer.scales", [20.0], "[20]", r" 'infer\.scales\[0\]': must be in \(0, 4\]" + CEILING_REASON + ", got 20.0"),
-    ("infer.scales", [2.5], "[2.5]", r"s 'infer\.max_size' \(1024\) and 'infer\.scales' \(\[2\.5\]\): .* 2560 px, "
-     r"above the ceiling of 2048 px"),
+    ("infer.scales", [1.0, 2.5], "[1, 2.5]", r"s 'infer\.max_size' \(1024\) and 'infer\.scales' \(\[1\.0, 2\.5\]\): "
+     r".* 2560 px, above the ceiling of 2048 px"),
     ("infer.scales", [], "[]", r" 'infer\.scales': must hold 1 to 16 values, got 0"),
     ("infer.crf.workers", 10**6, "1000000", r" 'infer\.crf\.workers': must be in \[0, \d+\] \(at most max\(2, "
      r"os\.cpu_count\(\)\) = \d+ on this machine\), got 1000000"),

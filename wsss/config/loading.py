@@ -27,14 +27,18 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 def load_config(path: str | Path, options: dict[str, Any] | None = None) -> Config:
     """Load a Python config file (with ``_base_`` inheritance) and apply dotted-key overrides.
 
+    The file and its ``_base_`` files are run as Python with the caller's rights (mmengine's convention): a config
+    file is code, to be trusted as a script is. Never call this on a file from a checkpoint or a stranger.
+
     Args:
         path: The config file.
         options: ``{"a.b": value}`` overrides, as parsed from ``--cfg-options a.b=value``.
 
     Raises:
         FileNotFoundError: The file, or a ``_base_`` file, does not exist.
-        ConfigError: An unknown key or a wrong type (in the file or in the overrides), or a config file that is not
-            one: a folder, not ``.py``, a Python syntax error, a ``_base_`` cycle (:func:`check_config_files`).
+        ConfigError: An unknown key, a wrong type or a value out of range (in the file or in the overrides), or a
+            config file that is not one: a folder, not ``.py``, a Python syntax error, a ``_base_`` cycle
+            (:func:`check_config_files`).
     """
     from mmengine.config import Config as MMConfig
 
@@ -120,7 +124,7 @@ def apply_options(cfg: Config, options: dict[str, Any], prefix: str = "") -> Con
         prefix: If given, only keys under it are allowed (``"infer."`` for inference settings).
 
     Raises:
-        ConfigError: A key outside ``prefix``, an unknown key or a wrong type.
+        ConfigError: A key outside ``prefix``, an unknown key, a wrong type or a value out of range.
     """
     from mmengine.config import Config as MMConfig
 
