@@ -19,6 +19,7 @@ from tools import infer as infer_cli
 from tools import make_pseudo_labels as pseudo_cli
 from wsss.config import Config, ConfigError, from_dict, load_config, parse_cfg_options
 from wsss.engine.checkpoint import save_checkpoint
+from wsss.inference.export import save_safetensors
 from wsss.model_file import read_model_file
 from wsss.models import build_model
 
@@ -124,15 +125,18 @@ def test_refused_from_cfg_options(tmp_path, key, value, text, message):
 
 
 @pytest.mark.parametrize(("key", "value", "text", "message"), BAD_VALUES, ids=IDS)
-def test_refused_from_a_checkpoints_config(checkpoint, tmp_path, key, value, text, message):
+def test_refused_from_a_checkpoints_or_an_exports_config(checkpoint, tmp_path, key, value, text, message):
     if key == "data.ignore_index" and value == 5:  # the tiny model's classes are a file: the dataset checks them
         checkpoint = {**checkpoint, "config": {**checkpoint["config"], "data": {**checkpoint["config"]["data"]}}}
         checkpoint["config"]["data"]["classes"] = [f"c{k}" for k in range(21)]
     path = craft(checkpoint, tmp_path / "crafted.pth", key, value)
-    with pytest.raises(ValueError) as info:
-        read_model_file(path)
-    assert "\n" not in str(info.value)
-    assert info.match(f"^{path}: its config is refused: config key" + message)
+    export = tmp_path / "crafted.safetensors"
+    save_safetensors(torch.load(path, weights_only=True), export)
+    for source in (path, export):
+        with pytest.raises(ValueError) as info:
+            read_model_file(source)
+        assert "\n" not in str(info.value)
+        assert info.match(f"^{source}: its config is refused: config key" + message)
 
 
 @pytest.mark.parametrize(
