@@ -1,6 +1,6 @@
 # MS COCO 2014 (81 classes), converted by tools/convert_coco.py: the paper's model with the settings of ToCo's
 # released COCO training, rulixiang/ToCo at e13514d scripts/dist_train_coco_seg_neg.py (argparse defaults and the
-# loss schedule in its loop), where they differ from its VOC script (the defaults of wsss/config.py):
+# loss schedule in its loop), where they differ from its VOC script (the defaults of wsss/config/schema.py):
 #   --high_thre 0.65 (VOC 0.7)        -> cam.fg_thresh
 #   --bkg_thre 0.45 (VOC 0.5)         -> cam.infer_bg_thresh
 #   seg/reg losses off while n_iter <= 8000 (VOC 2000) -> loss.seg_start_iter = 8001

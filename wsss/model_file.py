@@ -8,7 +8,8 @@ read and turned back into a model for every tool.
 - :func:`load_safetensors`: an export alone.
 - :func:`model_from_checkpoint`: the model rebuilt from a file or a loaded dict. A model file is data: its config is
   read with the project's own key and type checks (no path reaches timm) and the sizes it states are compared with
-  the stored weights (:func:`checked_model_config`), so a crafted file opens nothing and allocates no larger model.
+  the stored weights (:func:`checked_model_config`), so a crafted file opens nothing and allocates no larger model;
+  every number of its config is in range (:mod:`wsss.config.validation`), so it starts no unbounded work.
 
 Every error is one line naming the file; torch's own message (which suggests loading the file unsafely) is never
 passed on. This module imports only the config, the models and the utilities, so that the training engine, the
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from wsss.config import Config, ConfigError, from_dict
+from wsss.config import Config, ConfigError, check_mean_std, from_dict
 from wsss.models import build_model
 
 __all__ = [
@@ -67,7 +68,8 @@ def read_model_file(path: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: The file is missing.
-        ValueError: The file is neither, or its config does not fit this version (one line naming the file).
+        ValueError: The file is neither, or its config is refused (an unknown key, a wrong type, a value out of
+            range; one line naming the file).
     """
     if not _is_safetensors(path):
         return load_checkpoint(path)
@@ -75,7 +77,7 @@ def read_model_file(path: str | Path) -> dict[str, Any]:
     try:
         config_from_checkpoint(ckpt)
     except ConfigError as err:
-        raise ValueError(f"{path}: its config does not fit this version of wsss ({err})") from None
+        raise ValueError(f"{path}: its config is refused: {err}") from None
     return ckpt
 
 
@@ -100,7 +102,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     Raises:
         FileNotFoundError: The file is missing.
         ValueError: The file does not match its checksum, is not a wsss checkpoint (e.g. a bare timm
-            state_dict, a pickled module, a safetensors export), or holds a config this version cannot read.
+            state_dict, a pickled module, a safetensors export), or holds a config that is refused.
             One line naming the file; torch's own message (which suggests loading the file unsafely) is never
             passed on.
     """
@@ -140,7 +142,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         config_from_checkpoint(ckpt)
     except ConfigError as err:
-        raise ValueError(f"{path}: its config does not fit this version of wsss ({err})") from None
+        raise ValueError(f"{path}: its config is refused: {err}") from None
     return ckpt
 
 
@@ -178,7 +180,13 @@ def load_safetensors(path: str | Path) -> dict[str, Any]:
 
 
 def config_from_checkpoint(ckpt: dict[str, Any]) -> Config:
-    """The validated config stored in a checkpoint."""
+    """The validated config stored in a checkpoint, once its ``mean`` and ``std`` are known to be 3 finite numbers
+    each, ``std`` > 0. The config is data: plain dicts and lists, validated (every number in its range), never run.
+
+    Raises:
+        ConfigError: An unknown key, a wrong type or a value out of its range (one line naming it).
+    """
+    check_mean_std(ckpt.get("mean"), ckpt.get("std"))
     return from_dict(Config, ckpt["config"])
 
 
@@ -236,13 +244,12 @@ def checked_model_config(ckpt: dict[str, Any], source: str | Path) -> Config:
     model built on the meta device (no memory).
 
     Raises:
-        ValueError: The config does not fit this version, or does not build a model its weights fit; one line
-            naming ``source``.
+        ValueError: The config is refused, or does not build a model its weights fit; one line naming ``source``.
     """
     try:
         cfg = config_from_checkpoint(ckpt)
     except ConfigError as err:
-        raise ValueError(f"{source}: its config does not fit this version of wsss ({err})") from None
+        raise ValueError(f"{source}: its config is refused: {err}") from None
     cfg.model.pretrained = ""
     check_weights_fit_config(ckpt, cfg, source)
     try:

@@ -110,7 +110,7 @@ def test_config_that_does_not_fit_the_weights_names_the_file(saved):
     ckpt = torch.load(work / "iter_6.pth", weights_only=True)
     ckpt["config"]["model"]["no_such_key"] = 1
     torch.save(ckpt, work / "alien.pth")
-    with pytest.raises(ValueError, match="alien.pth: its config does not fit"):
+    with pytest.raises(ValueError, match="alien.pth: its config is refused: unknown config key 'model.no_such_key'"):
         load_checkpoint(work / "alien.pth")
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from wsss.config import DataConfig
+from wsss.config import DataConfig, check_ignore_index
 from wsss.data.classes import load_classes
 from wsss.data.labels import check_mask_values, load_labels, under_root
 from wsss.data.paths import UnsafePathError, confined, line_of, safe_relative
@@ -148,6 +148,7 @@ class _VOCBase(Dataset):
             self.classes = tag_classes(self.tags)
         else:
             self.classes = config_classes(cfg)
+        check_ignore_index(cfg.ignore_index, len(self.classes))  # the config checks it when it lists the classes
         if self.tags is not None and split in ("train", "val"):
             self.split_file = self._resolve(cfg.label_file)
             self.ids = hash_split(sorted(self.tags), cfg.val_fraction)[split == "val"]

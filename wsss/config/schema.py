@@ -1,0 +1,443 @@
+"""The config schema: one dataclass per section of :class:`Config`, every field with its default (the paper's,
+``docs/design.md`` section 3) and, for a number, its range (:func:`~wsss.config.validation.bounded`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from wsss.config.backbone_kwargs import check_backbone_kwargs
+from wsss.config.validation import (
+    FINITE,
+    ITERATIONS,
+    MAX_ITEMS,
+    MAX_SIDE,
+    NON_NEGATIVE,
+    POSITIVE,
+    SCALE,
+    SIDE,
+    UINT8_MAX,
+    UNIT,
+    WORKERS,
+    ConfigError,
+    Range,
+    Section,
+    bounded,
+    check_ignore_index,
+    check_order,
+    check_range,
+    choice,
+)
+from wsss.data.classes import VOC_CLASSES
+
+ENERGY_KERNELS = ("auto", "fused", "blocked")
+"""Implementations of the energy loss's ``W S`` (:func:`wsss.losses.gaussian_filter`)."""
+
+FRACTION = Range(0, 1, low_open=True)
+"""A share that cannot be 0 (a resize factor, a tolerance)."""
+
+BLUR_SIGMA = Range(0, 50, low_open=True, why="ceiling 50: the blur kernel is about 6 sigma wide")
+
+
+@dataclass
+class DataConfig(Section):
+    """Dataset layout and training augmentation."""
+
+    KEY = "data"
+
+    root: str = "data/VOCdevkit/VOC2012"
+    layout: str = choice("voc", "tags")
+    """``voc``: ids from split files, labels from ``tools/make_cls_labels.py``, masks for validation;
+    ``tags``: ids and labels from a hand-written tags file (``label_file``, see :mod:`wsss.data.tags`), no masks."""
+    image_dir: str = "JPEGImages"
+    """Image folder under root; ids are paths relative to it (any nesting), with or without the extension."""
+    classes: list[str] | str | None = field(default_factory=lambda: list(VOC_CLASSES))
+    """Class names with background first, or a text file with one name per line; None: the tags file's."""
+    train_split: str = "train_aug"
+    """A split name (``ImageSets/Segmentation/<name>.txt`` under root) or a path to a split file."""
+    val_split: str = "val"
+    mask_dir: str = "SegmentationClassAug"
+    label_file: str = "cls_labels.json"
+    """Image-level labels written by ``tools/make_cls_labels.py``, or the tags file of the ``tags`` layout
+    (relative to root, or absolute)."""
+    val_fraction: float = bounded(0.1, UNIT)
+    """``tags`` layout: share of the tagged images held out as the ``val`` split (by a hash of the path)."""
+    ignore_index: int = bounded(255, Range(0, UINT8_MAX))
+    """Mask value of the pixels no loss or metric counts: a uint8 value above every class index."""
+    crop_size: int = bounded(448, SIDE)
+    scale_range: tuple[float, float] = bounded((0.5, 2.0), SCALE)
+    """Smallest and largest random rescale of a training image."""
+    hflip_prob: float = bounded(0.5, UNIT)
+    color_jitter: tuple[float, float, float, float] = bounded((0.4, 0.4, 0.2, 0.1), UNIT)
+    """Brightness, contrast, saturation, hue (at most 0.5, half the hue circle)."""
+    color_jitter_prob: float = bounded(0.8, UNIT)
+    grayscale_prob: float = bounded(0.2, UNIT)
+    blur_prob: float = bounded(1.0, UNIT)
+    """Gaussian blur probability; the reference blurs every crop."""
+    blur_sigma: tuple[float, float] = bounded((0.1, 2.0), BLUR_SIGMA)
+    pad_rgb: tuple[float, float, float] = bounded((0.0, 0.0, 0.0), Range(0, 255))
+    """RGB (0-255) of the padding that fills a crop larger than the scaled image, applied before the colour
+    augmentation and the normalisation (the reference pads black; the ImageNet mean grey is
+    ``(123.675, 116.28, 103.53)``)."""
+    num_workers: int = bounded(2, WORKERS)
+    max_bad_images: int = bounded(10, NON_NEGATIVE)
+    """Training images that fail to decode are skipped with a warning naming the file (another image takes
+    their place); more than this many per data-loading process stop the run."""
+    check_images: bool = False
+    """Before training, decode every image and mask of both splits and check the label file
+    (``tools/check_dataset.py`` does the same alone); any problem stops the run before the first step."""
+    min_class_images: int = bounded(10, NON_NEGATIVE)
+    """``tags`` layout: training starts with a warning (on screen and in ``log.txt``) naming every class tagged on
+    fewer images of the tags file than this, as too few examples to learn it from; 0 turns the warning off."""
+    follow_symlinks: bool = False
+    """Read images and masks that are symlinks resolving outside ``root``. Ids are always confined: one that is
+    absolute or climbs with ``..`` stops the run, naming its file and line (:mod:`wsss.data.paths`)."""
+    max_image_pixels: int = bounded(50_000_000, NON_NEGATIVE)
+    """Training and validation images with more pixels (width x height, read from the header before decoding)
+    are skipped with a warning, as unreadable ones are; 0: no cap. A decoded image takes 3 bytes per pixel
+    and the random rescale of training up to ``scale_range[1]`` squared times that: 50 Mpx (a 8160 x 6120 phone
+    photo) is 150 MB decoded; a 144 Mpx image (12000 x 12000, a 140 KB PNG) would be 1.7 GB at scale 2."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_order("data.scale_range", *self.scale_range)
+        check_order("data.blur_sigma", *self.blur_sigma)
+        check_range("data.color_jitter[3]", self.color_jitter[3], Range(0, 0.5, why="hue: half the hue circle"))
+        if isinstance(self.classes, list):
+            check_ignore_index(self.ignore_index, len(self.classes))
+
+
+@dataclass
+class AttentionConfig(Section):
+    """Which self-attention variant replaces timm's, in which blocks, with its constants."""
+
+    KEY = "model.attention"
+
+    name: str = "centered"
+    """One of ``vanilla``, ``centered``, ``neutreno``, ``gfsa``, ``contranorm``."""
+    blocks: list[int] | None = None
+    """Block indices (negative allowed) that get the variant; None means every block."""
+    gamma: float = bounded(-1.0, FINITE)
+    """centered: offset of the attention rows, which sum to 1 + gamma."""
+    lam: float = bounded(0.6, FINITE)
+    """neutreno: weight of (V0 - V)."""
+    k: int = bounded(3, Range(1, 16, why="ceiling 16 matrix products per block"))
+    """gfsa: order of the high-order term."""
+    scale: float = bounded(0.2, FINITE)
+    """contranorm: strength s of the uniformity term."""
+    tau: float = bounded(1.0, POSITIVE)
+    """contranorm: temperature."""
+    normalize: bool = True
+    """contranorm: L2-normalise tokens inside the similarity (the authors' code); False: the paper's raw form."""
+
+
+@dataclass
+class ModelConfig(Section):
+    """Backbone, attention variant and heads."""
+
+    KEY = "model"
+
+    backbone: str = "deit_small_patch16_224"
+    backbone_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments to ``timm.create_model`` (e.g. depth for a small toy ViT); the keys and types of
+    :data:`BACKBONE_KWARGS`."""
+    pretrained: str = "hub"
+    """``""`` (random init), ``hub`` (timm's default weights), ``hub:<tag>``, or a checkpoint file path."""
+    load_from: str = ""
+    """A wsss checkpoint (``.pth``) or export (``.safetensors``) whose weights a new run starts from (mmseg's
+    ``load_from``, timm's ``--initial-checkpoint``); not its optimiser, schedule or iteration. With the same classes
+    every weight is kept; with other classes the class heads (:data:`wsss.models.builder.CLASS_HEADS`) start afresh.
+    The file holds every backbone weight, so ``pretrained`` is then not fetched; a resumed run ignores it (its own
+    checkpoint holds every weight). ``""``: off."""
+    hub_timeout: float = bounded(5.0, Range(0, 600, low_open=True, why="ceiling 600 s"))
+    """Seconds to wait for the weights hub before ``hub`` is taken as offline (then only a cached copy loads)."""
+    drop_path_rate: float = bounded(0.0, Range(0, 1, high_open=True))
+    """Stochastic depth. The reference uses 0: the no-grad CAM pass runs in train mode, so drop-path would
+    make the pseudo labels random."""
+    freeze_pos_embed: bool = True
+    """Keep the position embedding at its pretrained values (the reference freezes it)."""
+    pos_embed_interp: str = choice("bicubic", "timm")
+    """How the position-embedding grid is resampled to the input's token grid (at every forward: training crops,
+    the CAM scales, validation, inference, export). ``bicubic``: the reference's plain ``F.interpolate(...,
+    mode="bicubic", align_corners=False)``; ``timm``: timm's ``resample_abs_pos_embed`` (antialiased bicubic, a
+    different kernel even when upsampling; docs/reference.md row 17)."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    aux_layer: int = -3
+    """Block whose patch tokens (before the final norm) feed the auxiliary classifier."""
+    decoder_channels: int = bounded(512, Range(1, 8192, why="ceiling 8192, 16x the paper's 512"))
+    decoder_dilation: int = bounded(5, Range(1, 64, why="ceiling 64"))
+    head_init: str = choice("default", "kaiming")
+    """Init of the classifiers and the decoder (all bias-free): ``default`` is PyTorch's (the reference);
+    ``kaiming`` is Kaiming-normal, which a backbone trained from scratch learns faster with."""
+
+    def __post_init__(self) -> None:
+        """Check ``backbone_kwargs`` and, when they give the depth, ``attention.blocks`` against it (every use of the
+        backbone swaps the variant in). ``aux_layer`` is checked when the segmentation model is built
+        (:func:`wsss.models.build_model`): a backbone pre-trained alone (``tools/pretrain.py``) has no aux head."""
+        super().__post_init__()
+        self.backbone_kwargs = check_backbone_kwargs(self.backbone_kwargs)
+        depth = self.backbone_kwargs.get("depth")
+        blocks = self.attention.blocks
+        outside = [i for i in blocks or [] if depth is not None and not -depth <= i < depth]
+        if outside:
+            raise ConfigError(
+                f"config keys 'model.attention.blocks' ({blocks!r}) and 'model.backbone_kwargs.depth' ({depth}): "
+                f"block {outside[0]} does not exist in a backbone of {depth} blocks; keep the indices within "
+                f"[{-depth}, {depth - 1}] or raise the depth"
+            )
+
+
+@dataclass
+class CamConfig(Section):
+    """Class activation maps and their thresholds."""
+
+    KEY = "cam"
+
+    scales: tuple[float, ...] = bounded((1.0, 0.5, 1.5), SCALE, MAX_ITEMS)
+    fg_thresh: float = bounded(0.7, UNIT)
+    """Background plane of the foreground stack of the pseudo labels (:mod:`wsss.pseudo_label`): a class must
+    beat it to be foreground; >= ``bg_thresh``, the pixels between the two are ignored."""
+    bg_thresh: float = bounded(0.25, UNIT)
+    infer_bg_thresh: float = bounded(0.5, UNIT)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.bg_thresh <= self.fg_thresh:
+            raise ConfigError(
+                f"config keys 'cam.bg_thresh' ({self.bg_thresh!r}) and 'cam.fg_thresh' ({self.fg_thresh!r}): bg_thresh "
+                "must be <= fg_thresh (the pixels between the two are the ignored band of the pseudo labels)"
+            )
+
+
+@dataclass
+class ParConfig(Section):
+    """Pixel-adaptive refinement of CAMs."""
+
+    KEY = "par"
+
+    num_iter: int = bounded(10, ITERATIONS)
+    dilations: tuple[int, ...] = bounded((1, 2, 4, 8, 12, 24), Range(1, 256, why="ceiling 256 px"), MAX_ITEMS)
+    w1: float = bounded(0.3, POSITIVE)
+    w2: float = bounded(0.01, NON_NEGATIVE)
+    scale: float = bounded(0.5, FRACTION)
+
+
+@dataclass
+class LossConfig(Section):
+    """Loss weights, the iteration at which the dense losses start, energy-loss constants."""
+
+    KEY = "loss"
+
+    aux_weight: float = bounded(1.0, NON_NEGATIVE)
+    seg_weight: float = bounded(0.1, NON_NEGATIVE)
+    reg_weight: float = bounded(0.05, NON_NEGATIVE)
+    seg_start_iter: int = bounded(2001, NON_NEGATIVE)
+    """First (0-based) iteration with ``seg_weight`` and ``reg_weight`` on; the reference keeps them at 0
+    while ``n_iter <= 2000``."""
+    reg_energy_weight: float = bounded(1e-7, NON_NEGATIVE)
+    """Multiplier of the dense energy inside the loss (ToCo's); ``reg_weight`` then weights the loss."""
+    reg_lattice_match: float = bounded(0.59, POSITIVE)
+    """Factor on ``reg_energy_weight`` that gives the exact dense kernel the strength of the reference's
+    permutohedral lattice (measured on photographs, see :mod:`wsss.losses` and docs/reference.md); 1.0 applies
+    ToCo's weight to the exact energy, which then regularises 1 / 0.59 = 1.7x more strongly."""
+    reg_sigma_rgb: float = bounded(15.0, POSITIVE)
+    reg_sigma_xy: float = bounded(100.0, POSITIVE)
+    reg_scale: float = bounded(0.5, FRACTION)
+    reg_kernel: str = choice(*ENERGY_KERNELS)
+    """How ``W S`` of the energy is evaluated, exactly either way: ``fused`` (one Triton kernel, no tile of ``W``
+    in memory; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``blocked`` (tiles in PyTorch, any device) or
+    ``auto`` (fused on CUDA when triton is installed, blocked elsewhere)."""
+
+
+@dataclass
+class OptimConfig(Section):
+    """AdamW with linear warm-up then polynomial decay."""
+
+    KEY = "optim"
+
+    lr: float = bounded(6e-5, POSITIVE)
+    head_lr_mult: float = bounded(10.0, POSITIVE)
+    weight_decay: float = bounded(0.01, NON_NEGATIVE)
+    no_decay_1d: bool = False
+    """Exempt 1-D parameters (norms, biases), ``pos_embed`` and ``cls_token`` from weight decay (timm's
+    habit); the reference decays every trained parameter."""
+    betas: tuple[float, float] = bounded((0.9, 0.999), Range(0, 1, high_open=True))
+    warmup_iters: int = bounded(2500, NON_NEGATIVE)
+    warmup_ratio: float = bounded(1e-6, UNIT)
+    power: float = bounded(0.9, NON_NEGATIVE)
+
+
+@dataclass
+class TrainConfig(Section):
+    """Loop length, batch, intervals."""
+
+    KEY = "train"
+
+    max_iters: int = bounded(80000, POSITIVE)
+    batch_size: int = bounded(4, POSITIVE)
+    """Images per process. Under ``torchrun`` every process draws its own batch and computes PAR, the pseudo labels
+    and the balanced CE on it (gradients averaged), so the global batch is ``batch_size`` x the number of processes.
+    The paper's batch 4 is 4 on one GPU, 2 on two (ToCo's run: 2 GPUs x 2 images), 1 on four; the splits differ
+    only in how the balanced CE pools pixels (docs/reference.md row 13)."""
+    seed: int = bounded(0, Range(0, 2**31 - 1, why="numpy takes seed + rank + iteration, below 2**32"))
+    amp: bool = True
+    """bf16 autocast on GPU (ignored on CPU)."""
+    cam_dtype: str = choice("float32", "bfloat16")
+    """Precision of the no-grad CAM pass that feeds the pseudo labels: ``float32`` (the reference) or
+    ``bfloat16`` (autocast, with ``amp`` on a GPU)."""
+    compile: bool = False
+    """``torch.compile`` the model's forward pass of the training step (the CAM pass and validation run eagerly)."""
+    val_input: str = choice("crop", "original")
+    """Validation input size: ``crop`` resizes each image to ``data.crop_size`` squared and the predictions
+    back to the mask (the reference's logged numbers); ``original`` runs at the image's own size."""
+    log_interval: int = bounded(50, POSITIVE)
+    val_interval: int = bounded(5000, POSITIVE)
+    ckpt_interval: int = bounded(5000, POSITIVE)
+    max_keep_ckpts: int = bounded(3, Range(-1))
+    """Newest ``iter_*.pth`` kept in the work dir, besides the best-validated and the last one; -1 keeps all."""
+    val_max_images: int | None = bounded(None, POSITIVE)
+    """Validate on the first this many val images; None: all."""
+    chance_loss_ratio: float = bounded(0.9, NON_NEGATIVE)
+    """Warn when the classification loss after the warm-up is still above this fraction of ln 2 (chance)."""
+
+
+@dataclass
+class CrfConfig(Section):
+    """Dense CRF post-processing (Krähenbühl & Koltun 2011; docs/design.md section 3)."""
+
+    KEY = "infer.crf"
+
+    backend: str = choice("torch", "pydensecrf")
+    """``torch``: the mean-field over a permutohedral lattice in PyTorch (:mod:`wsss.inference.permutohedral`), on the
+    device of the probabilities, many images per call; ``pydensecrf``: the reference C++ (pydensecrf2, which must be
+    installed and needs a compiler to install), in ``workers`` processes. docs/reference.md row 19."""
+    gaussian_sxy: float = bounded(1.0, POSITIVE)
+    """Widths (``*_sxy`` in pixels, ``bilateral_srgb`` in colour levels) divide the features: > 0."""
+    gaussian_compat: float = bounded(1.0, NON_NEGATIVE)
+    """Weights of the two kernels (Potts compatibility): 0 switches a kernel off."""
+    bilateral_sxy: float = bounded(121.0, POSITIVE)
+    bilateral_srgb: float = bounded(5.0, POSITIVE)
+    bilateral_compat: float = bounded(4.0, NON_NEGATIVE)
+    iterations: int = bounded(10, ITERATIONS)
+    reference_padding: bool = True
+    """``torch`` backend: add the lattice points pydensecrf's SSE build adds when an image's pixel count is not a
+    multiple of 4 (padding points at feature 0, whose simplex joins the lattice and relays the blur), so the
+    marginals equal the reference's; False, the filter without them. docs/reference.md row 19 measures both."""
+    workers: int = bounded(2, WORKERS)
+    """Processes of the ``pydensecrf`` backend (0: serial in the calling process); the ``torch`` backend runs in the
+    calling process on the probabilities' device and ignores it."""
+
+
+@dataclass
+class InferConfig(Section):
+    """Test-time augmentation."""
+
+    KEY = "infer"
+
+    scales: tuple[float, ...] = bounded((1.0, 1.25, 1.5), SCALE, MAX_ITEMS)
+    """TTA scales of the image the model sees (after ``max_size``): ``max_size`` x the largest is at most
+    :data:`~wsss.config.validation.MAX_SIDE`."""
+    flip: bool = True
+    cls_thresh: float = bounded(0.5, UNIT)
+    """A class counts as present (its CAM is drawn) when its classifier sigmoid exceeds this; when none does, the
+    most probable class counts as present (the top-1 rule)."""
+    mask_classes: str = choice("present", "all")
+    """Which classes the mask may hold: ``present``, background and the classes present by ``cls_thresh`` and the
+    top-1 rule (the argmax, and the CRF, run over those alone), so the mask, the CAMs shown and the image's
+    ``present`` classes agree; ``all``, every class (the reference: ToCo's inference takes the argmax over all).
+    Measured in docs/reference.md row 18: restricting raises the toy val mIoU."""
+    logits_stride: int = bounded(4, Range(0, 64, low_open=True))
+    """Saved logits (``--logits``) are downscaled by this factor (> 0)."""
+    max_size: int | None = bounded(1024, NON_NEGATIVE)
+    """Longest image side the model sees; larger images are downscaled for the model and their masks brought back
+    to the original size. 0: no cap, every image at its own size. None, as checkpoints written before this default
+    hold it: 1024. The default bounds the model's work and memory per image, which grow with the square of its
+    tokens: a 12000 x 12000 PNG (140 KB, under PIL's bomb limit) at its own size ran over 10 minutes at 6.3 GB and
+    SIGTERM could not stop the op that ran; capped, it took 19 s on 2 CPU cores and SIGTERM ended it in 2 s. At
+    1024 the largest default TTA scale 1.5 gives a DeiT-S/16 at most 96 x 96 tokens (an op takes seconds on a CPU),
+    while VOC (500 px), COCO (640 px) and the 448 px training crops keep their own size. The outputs come back to
+    full size in bands of ``max_size**2`` pixels, so no full-size float map is held (docs/benchmarks.md: that PNG
+    peaks at 1.79 GiB RSS, 6.20 GiB before)."""
+    crf: CrfConfig = field(default_factory=CrfConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_size is None:
+            self.max_size = type(self).max_size
+        super().__post_init__()
+        if self.max_size and self.max_size * max(self.scales) > MAX_SIDE:
+            raise ConfigError(
+                f"config keys 'infer.max_size' ({self.max_size}) and 'infer.scales' ({list(self.scales)}): the model "
+                f"would see {self.max_size * max(self.scales):g} px, above the ceiling of {MAX_SIDE} px (attention's "
+                "work grows with the square of the tokens); lower the largest scale or max_size"
+            )
+
+
+@dataclass
+class PretrainConfig(Section):
+    """Classification pre-training of the backbone (``tools/pretrain.py``); WSSS training never reads it."""
+
+    KEY = "pretrain"
+
+    labels: str = choice("image", "crop")
+    """A crop's targets: ``image``, the image's labels (``data.label_file``), as WSSS training uses them; or
+    ``crop``, the classes that cover at least ``crop_label_min_fraction`` of the crop in its mask, for a
+    pre-training set whose masks are generated with it (the toy sets), as ImageNet's labels name what an
+    object-centred image shows."""
+    crop_label_min_fraction: float = bounded(0.02, UNIT)
+    """Share of the crop's pixels a class must cover to be a ``crop`` label."""
+
+
+@dataclass
+class GpuCheckConfig(Section):
+    """``make gpu-check`` (:mod:`wsss.gpu_check`): sizes and limits of the comparisons on a real GPU."""
+
+    KEY = "gpu_check"
+
+    tolerance: float = bounded(1e-3, FRACTION)
+    """Largest relative difference (norm of the difference over the norm) of a CUDA result from its reference."""
+    crop_size: int = bounded(224, SIDE)
+    """Input edge of the model comparisons (the step's terms on CUDA and CPU, timm's ViT)."""
+    energy_points: tuple[int, ...] = bounded((300, 100), Range(1, 4096), MAX_ITEMS)
+    """Sizes of the energy-filter comparisons with brute force (those of tests/test_energy_kernel.py)."""
+    energy_channels: tuple[int, ...] = bounded((21, 4), Range(1, 256), MAX_ITEMS)
+    energy_offsets: tuple[float, ...] = bounded((3.0, 500.0), FINITE, MAX_ITEMS)
+    """A common offset of the features (the kernel centres them)."""
+    energy_side: int = bounded(224, SIDE)
+    """Fused against blocked on a ``energy_side`` squared grid: the paper's 448 crop at ``loss.reg_scale`` 0.5."""
+    image_size: tuple[int, int] = bounded((375, 500), SIDE)
+    """(H, W) of the images the Segmenter and the evaluator compare on (a typical VOC photo)."""
+    min_mask_agreement: float = bounded(0.999, UNIT)
+    """Smallest fraction of mask pixels equal on CUDA and the CPU."""
+    part_timeout: float = bounded(300.0, Range(0, 86400, low_open=True, why="ceiling one day"))
+    """Seconds each subprocess (benchmark, toy set, torchrun) may take."""
+    toy_images: int = bounded(16, Range(1, 10000))
+    ddp_iters: int = bounded(30, Range(2, 10000))
+    ddp_resume_from: int = bounded(20, POSITIVE)
+    """Below ``ddp_iters``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        sizes = {len(self.energy_points), len(self.energy_channels), len(self.energy_offsets)}
+        if len(sizes) != 1:
+            raise ConfigError(
+                "config keys 'gpu_check.energy_points', 'energy_channels' and 'energy_offsets': give as many of each, "
+                f"got {list(self.energy_points)}, {list(self.energy_channels)}, {list(self.energy_offsets)}"
+            )
+        check_range("gpu_check.ddp_resume_from", self.ddp_resume_from, Range(1, self.ddp_iters - 1))
+
+
+@dataclass
+class Config:
+    """The whole pipeline's configuration."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cam: CamConfig = field(default_factory=CamConfig)
+    par: ParConfig = field(default_factory=ParConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    gpu_check: GpuCheckConfig = field(default_factory=GpuCheckConfig)
+    work_dir: str = ""
