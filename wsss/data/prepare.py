@@ -91,7 +91,7 @@ class _Step:
     run: Callable[[], tuple[str, list[Path]]]
     """Does the work; returns a summary line and the outputs whose presence means the step is finished."""
     derived: bool
-    """Runs again whenever an earlier step ran."""
+    """Its record is dropped whenever an earlier step runs, so it runs again after it."""
 
 
 def prepare(
@@ -130,13 +130,12 @@ def prepare(
 
 
 def _run(steps: list[_Step], state: Path, log: Callable[[str], None]) -> None:
-    ran = False
     for i, step in enumerate(steps, 1):
         record = state / f"{step.name.replace(' ', '_')}.json"
-        if _finished(record) and not (step.derived and ran):
+        if _finished(record):
             log(f"[{i}/{len(steps)}] {step.name}: finished before, skipped")
             continue
-        for later in steps[i - 1 :]:  # their records no longer hold once this step changes its outputs
+        for later in steps[i - 1 :]:  # this step's outputs change: the records of those derived from them go
             if later is step or later.derived:
                 (state / f"{later.name.replace(' ', '_')}.json").unlink(missing_ok=True)
         log(f"[{i}/{len(steps)}] {step.name} ...")
@@ -144,7 +143,6 @@ def _run(steps: list[_Step], state: Path, log: Callable[[str], None]) -> None:
         summary, outputs = step.run()
         atomic_write_text(record, json.dumps({"summary": summary, "outputs": [str(p) for p in outputs]}) + "\n")
         log(f"[{i}/{len(steps)}] {step.name}: {summary} ({time.perf_counter() - start:.1f} s)")
-        ran = True
 
 
 def _finished(record: Path) -> bool:
