@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import socket
 from dataclasses import replace
 
 import pytest
 
 from tests.data.archive_server import ArchiveServer, make_voc_archives
+from wsss.data import download
 from wsss.data.download import FetchOptions, PrepareError, fetch_archive, read_checksums
 
 OPTS = FetchOptions(progress=False, min_free_bytes=0)
@@ -124,3 +127,16 @@ def test_checksums_file_replaces_md5s(tmp_path):
     sums.write_text(f"{'a' * 32}  train2014.zip\n")
     with pytest.raises(PrepareError, match=rf"^{sums}:1: 'train2014.zip' is none of this dataset's archives"):
         read_checksums(sums, archives)
+
+
+def test_disk_full_while_downloading_in_one_line(served, tmp_path, monkeypatch):
+    server, tar, _ = served
+
+    class FullDisk(io.BytesIO):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(download, "open", lambda *a, **k: FullDisk(), raising=False)  # the disk fills mid-way
+    part = tmp_path / "downloads" / f"{tar.name}.part"
+    with pytest.raises(PrepareError, match=rf"^{part}: the disk is full; free some space and run again \(it resumes"):
+        fetch_archive(tar, tmp_path / "downloads", replace(OPTS, mirror=server.url))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import tarfile
 import zipfile
@@ -110,4 +111,18 @@ def test_full_disk_refused_before_unpacking(tmp_path):
         zf.writestr("top/x.txt", "x" * 1000)
     with pytest.raises(PrepareError, match=r"a.zip needs 0.00 GiB and .* free some space or choose another ROOT"):
         extract_archive(archive, tmp_path / "dest", replace(OPTS, min_free_bytes=1 << 62))
+    assert list((tmp_path / "dest").iterdir()) == []
+
+
+def test_disk_full_while_unpacking_in_one_line(tmp_path, monkeypatch):
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("top/x.txt", "x")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(zipfile.ZipFile, "extract", full)  # the disk fills mid-way
+    with pytest.raises(PrepareError, match=r"dest: the disk is full while unpacking a.zip; free some space and run"):
+        extract_archive(archive, tmp_path / "dest", OPTS)
     assert list((tmp_path / "dest").iterdir()) == []
