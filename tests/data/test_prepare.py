@@ -60,7 +60,6 @@ def test_dataset_settings_are_the_configs():
         assert all(getattr(data, k) == v for k, v in spec.data.items() if k != "root"), name
 
 
-@pytest.mark.slow
 def test_voc_from_nothing_to_a_checked_dataset_then_rerun_skips(voc_served, tmp_path, capsys):
     server, sums, _ = voc_served
     root = tmp_path / "data"
@@ -91,7 +90,6 @@ def test_voc_from_nothing_to_a_checked_dataset_then_rerun_skips(voc_served, tmp_
     assert (voc / "cls_labels.json").is_file() and (voc / "ImageSets/Segmentation/train_aug.txt").is_file()
 
 
-@pytest.mark.slow
 def test_interrupted_download_resumes(voc_served, tmp_path, capsys):
     server, sums, folder = voc_served
     server.cut["benchmark.tgz"] = 700
@@ -126,7 +124,6 @@ def test_no_network_in_one_line(tmp_path, capsys):
     assert err.startswith(f"error: cannot reach {url}/VOCtrainval_11-May-2012.tar (") and "--archives DIR" in err
 
 
-@pytest.mark.slow
 def test_archives_folder_without_network(tmp_path, capsys):
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -139,7 +136,6 @@ def test_archives_folder_without_network(tmp_path, capsys):
     assert out.rstrip().endswith(f"ready: data.root = {root / 'VOCdevkit' / 'VOC2012'}")
 
 
-@pytest.mark.slow
 def test_coco_from_archives(tmp_path, capsys):
     pytest.importorskip("pycocotools")
     mine = tmp_path / "mine"
