@@ -150,3 +150,8 @@ def test_coco_from_archives(tmp_path, capsys):
     assert json.loads((coco / "cls_labels.json").read_text())["classes"] == ["background", "person", "car"]
     assert check_dataset_cli.main([str(REPO / "configs" / "coco_centered.py"), "--no-progress", "--cfg-options",
                                    f"data.root={coco}"]) == 0  # fmt: skip
+
+
+def test_missing_archives_folder_named(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "voc", tmp_path / "data", "--archives", tmp_path / "nowhere")
+    assert (code, err) == (2, f"error: --archives {tmp_path / 'nowhere'}: no such folder\n")
