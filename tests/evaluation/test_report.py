@@ -149,7 +149,14 @@ def test_bad_input_gives_one_line(voc_work, tmp_path, capsys):
     second = voc_work / "test_other_test" / "submission.json"
     second.parent.mkdir()
     second.write_text((voc_work / "test_iter_80000_test_tta" / "submission.json").read_text())
+    broken = tmp_path / "broken"
+    (broken / "a").mkdir(parents=True)
+    (broken / "a" / "metrics.json").write_text('{"mIoU": 1')
+    (broken / "b").mkdir()
+    (broken / "b" / "cam_eval.json").write_text('{"protocol": {"split": "val"}, "pseudo_every_pixel": {}}')
     cases = {
+        (str(broken / "a"),): f"{broken / 'a' / 'metrics.json'} is not JSON",
+        (str(broken / "b"),): f"{broken / 'b' / 'cam_eval.json'}: protocol without checkpoint, step",
         (str(tmp_path / "nowhere"),): "work dir not found",
         (str(voc_work / "test_old"),): "no result with a protocol",
         (str(voc_work), "--test-miou", "71"): "give --submission DIR",

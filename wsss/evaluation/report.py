@@ -134,14 +134,18 @@ def build_report(
 
     Raises:
         FileNotFoundError: A work dir is missing.
-        ValueError: No result file with a protocol, runs of different class lists, or ``test_miou`` without one
-            matching submission (each one line saying what to do).
+        ValueError: A result file that is not JSON or has a broken protocol, no result file with a protocol, runs
+            of different class lists, or ``test_miou`` without one matching submission (each one line naming the
+            file and what to do).
     """
     paths = find_results([Path(p) for p in work_dirs])
     notes: list[str] = []
     runs = {name: [] for name in RESULT_FILES}
     for path in paths:
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as err:
+            raise ValueError(f"{path} is not JSON ({err}): rerun the tool that wrote it, or move it away") from None
         if not isinstance(data.get("protocol"), dict):
             tool = "tools/eval_cams.py" if path.name == "cam_eval.json" else "tools/test.py"
             notes.append(f"left out {path}: it records no protocol (written by an older version): rerun {tool}")
@@ -149,7 +153,11 @@ def build_report(
         if path.name == "cam_eval.json" and "pseudo_every_pixel" not in data:
             notes.append(f"left out {path}: no pseudo-label scores: rerun tools/eval_cams.py with --pseudo")
             continue
-        runs[path.name].append(_Run(path.parent.name, path, EvalProtocol.from_dict(data["protocol"]), data))
+        try:
+            protocol = EvalProtocol.from_dict(data["protocol"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}: rerun the tool that wrote it") from None
+        runs[path.name].append(_Run(path.parent.name, path, protocol, data))
     if not any(runs.values()):
         raise ValueError(
             f"no result with a protocol under {', '.join(map(str, work_dirs))}: run tools/test.py (and "

@@ -91,7 +91,8 @@ def evaluate_checkpoint(
             go to ``show_dir`` or ``run_dir``, and ``run_dir/submission.json`` records the protocol.
 
     Under ``torchrun`` every rank joins the process group, predicts and scores its share and returns the scores of
-    the whole split; rank 0 alone writes ``metrics.json``, once every rank's masks are written.
+    the whole split; rank 0 alone writes ``metrics.json`` (with ``format_only``: the archive and ``submission.json``,
+    once every rank has copied its share of the masks), once every rank's masks are written.
 
     Raises:
         FileNotFoundError: The checkpoint, the dataset root, the split or the mask folder is missing.
