@@ -33,7 +33,7 @@ def test_full_val_on_voc_needs_all_1449_images():
     assert protocol(split="data/VOC/ImageSets/Segmentation/val.txt").full_val  # the split as a file
     test = protocol(split="test", num_images=1456, split_images=1456, scored=False)
     assert not test.full_val
-    assert "1456 of 1456 images: the full VOC test set (1456 images), not scored (no ground truth)" in test.line()
+    assert "1456 of 1456 images: the full VOC test set (1456 images), not scored (--format-only)" in test.line()
 
 
 def test_full_val_on_other_classes_is_the_whole_val_split():

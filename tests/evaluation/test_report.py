@@ -146,9 +146,8 @@ def test_an_unscored_submission_says_how_to_score_it(voc_work, capsys):
 
 
 def test_bad_input_gives_one_line(voc_work, tmp_path, capsys):
-    second = voc_work / "test_other_test" / "submission.json"
-    second.parent.mkdir()
-    second.write_text((voc_work / "test_iter_80000_test_tta" / "submission.json").read_text())
+    second = voc_work / "test_other_val" / "submission.json"  # --format-only on val: its mIoU goes to val
+    atomic_write_text(second, json.dumps({"protocol": voc_protocol("val", 1449, 1449, scored=False), "archive": "a"}))
     broken = tmp_path / "broken"
     (broken / "a").mkdir(parents=True)
     (broken / "a" / "metrics.json").write_text('{"mIoU": 1')
@@ -167,4 +166,4 @@ def test_bad_input_gives_one_line(voc_work, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
     assert report_cli.main([str(voc_work), "--test-miou", "70", "--submission", str(second.parent)]) == 0
-    assert rows(json.loads((voc_work / "report.json").read_text()), 0)["test_other_test"] == [None, 70.0]
+    assert rows(json.loads((voc_work / "report.json").read_text()), 0)["test_other_val"] == [70.0, None]

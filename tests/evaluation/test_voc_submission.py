@@ -55,7 +55,7 @@ def test_format_only_writes_the_devkit_layout_and_one_archive(checkpoint, test_s
     out = tmp_path / "out"
     archive = out / "results.tar.gz"
     assert ("protocol: checkpoint iter_0.pth (step 0); split test, 2 of 2 images: all of the split, not the val set, "
-            "not scored (no ground truth); scales (1), flip off") in printed  # fmt: skip
+            "not scored (--format-only); scales (1), flip off") in printed  # fmt: skip
     assert f"upload {archive} (2 masks under {LAYOUT}/)" in printed and "http://host.robots.ox.ac.uk:8080/" in printed
     assert "comp6" in printed and "not VOC's 21" in printed  # the tiny classes are not VOC's
 

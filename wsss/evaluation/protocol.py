@@ -71,7 +71,7 @@ class EvalProtocol:
             text += f": {'the full' if complete else 'NOT the full'} val split"
         else:
             text += f": {'all' if complete else 'a part'} of the split, not the val set"
-        return text + ("" if self.scored else ", not scored (no ground truth)")
+        return text + ("" if self.scored else ", not scored (--format-only)")
 
     def line(self) -> str:
         """One line: ``protocol: checkpoint ...; split ...; scales ..., flip on, CRF off, mask_classes ...``."""

@@ -223,7 +223,7 @@ def _split_column(protocol: EvalProtocol) -> str:
 
 def _table1(scored: list[_Run], submissions: list[_Run], scores: dict[Path, float], voc: bool) -> Table:
     columns = ["val", "test"]
-    columns += sorted({_split_column(r.protocol) for r in scored} - set(columns))
+    columns += sorted({_split_column(r.protocol) for r in [*scored, *submissions]} - set(columns))
     table = Table("Table 1: segmentation mIoU", columns)
     if voc:
         _published(table, "Table 1", {k: [paper.TABLE1[k]["val"], paper.TABLE1[k]["test"]] + [None] * (len(columns) - 2)
@@ -234,7 +234,7 @@ def _table1(scored: list[_Run], submissions: list[_Run], scores: dict[Path, floa
         table.add_ours(run.name, values, str(run.path), run.protocol)
     for run in submissions:
         values = [None] * len(columns)
-        values[columns.index("test")] = scores.get(run.path)
+        values[columns.index(_split_column(run.protocol))] = scores.get(run.path)
         source = f"{run.path}; mIoU from the VOC server (--test-miou)" if run.path in scores else (
             f"{run.path}; not scored yet: upload {run.data['archive']}, then rerun with --test-miou")  # fmt: skip
         table.add_ours(run.name, values, source, run.protocol)
