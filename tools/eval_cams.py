@@ -9,7 +9,9 @@ CAMs at the checkpoint's cam.scales (with flips) of the final (or --aux) classif
 background threshold of the sweep; --pseudo also scores the pseudo labels twice: the dual-threshold + PAR
 labels on their certain pixels (the training loss's view; uncertain fraction reported), and single-threshold
 (cam.infer_bg_thresh) + PAR labels on every pixel (comparable with the paper's Table 3). The dataset is the
-one of the checkpoint's config (--data-root overrides its root).
+one of the checkpoint's config (--data-root overrides its root). The scores are printed under their protocol line
+(checkpoint step, split and its size, scales, flip, CRF off) and cam_eval.json records it, where tools/report.py
+reads it (Table 3).
 
 Outputs (nothing is written beside the checkpoint, which may be read-only), all in one folder OUT:
   OUT/cam_eval.json     the scores; --save-cams adds OUT/cams/<id>.npy ((C-1, H, W) float16), --save-pseudo

@@ -1,17 +1,17 @@
 """Evaluate a checkpoint on the config's validation split, as mmseg's tools/test.py does.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out DIR] [--show-dir DIR] [--tta] [--crf]
-        [--cfg-options k=v ...] [--device cuda|cpu] [--launcher none|pytorch]
+        [--split NAME] [--format-only] [--cfg-options k=v ...] [--device cuda|cpu] [--launcher none|pytorch]
 
 CHECKPOINT is a wsss checkpoint (.pth) or a tools/export.py --safetensors export. The masks of data.val_split
 (under data.root) are predicted afresh as tools/infer.py predicts them and scored against data.mask_dir with mmseg
 IoUMetric's keys (aAcc, mIoU, mAcc, per-class IoU). The inference settings are those of CONFIG (infer.*, with
 --cfg-options); one scale without flip unless --tta, which uses infer.scales and infer.flip. --crf refines each
 mask with the dense CRF (infer.crf.*): `--tta --crf` is the paper's protocol (multi-scale + flip + dense CRF).
-infer.crf.backend=torch (default) runs the CRF where the model runs, many images per call; on a GPU it takes
-milliseconds per image. On the CPU the pydensecrf backend (pip install pydensecrf2, needs a compiler), in
-infer.crf.workers processes, is faster (docs/benchmarks.md, "Dense CRF"): its C++ builds the lattice with a hash
-table, the torch backend by sorting.
+infer.crf.backend=torch (default) runs the CRF where the model runs (the GPU with --device cuda), many images per
+call, and needs no compiled package. On the CPU, infer.crf.backend=pydensecrf (pip install pydensecrf2: needs a
+compiler) in infer.crf.workers processes is faster (docs/benchmarks.md, "Dense CRF"): its C++ finds lattice points
+in a hash table and filters pixel by pixel, where the torch backend sorts and runs sparse products.
 
 Outputs (nothing is written beside the checkpoint, which may be read-only):
   --work-dir DIR   metrics.json goes to DIR/test_<checkpoint name>[_tta][_crf]/, and so do the predicted masks
@@ -20,6 +20,11 @@ Outputs (nothing is written beside the checkpoint, which may be read-only):
   --out DIR        the predicted masks: DIR/masks/<id>.png (palette PNGs of class indices)
   --show-dir DIR   the painted images: overlays/, CAMs (cams/), thumbnails, ground truth (gt/) and an index.html
                    gallery, with the masks they show; with --out as well, the masks are also copied to --out
+
+The VOC test server (mmseg's --format-only): ``--split test --format-only --out DIR`` scores nothing (no ground truth
+needed) and writes DIR/results/VOC2012/Segmentation/comp6_test_cls/<id>.png and DIR/results.tar.gz to upload; it
+prints how to submit. Every run prints its protocol line (scales, flip, CRF, mask_classes, split and size, step) and
+records it in metrics.json (submission.json with --format-only), where tools/report.py reads it.
 
 Several GPUs or nodes: ``torchrun --nproc-per-node N tools/test.py CONFIG CHECKPOINT ... --launcher pytorch``.
 Each rank predicts its share of the images and scores every N-th mask, the confusion matrices are summed across
@@ -45,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--launcher", choices=("none", "pytorch"), default="none", help="pytorch: under torchrun")
+    # the split, and the VOC test server (wsss/evaluation/voc_submission.py)
+    parser.add_argument("--split", help="split name or file (default: data.val_split); run folder test_<ckpt>_<split>")
+    parser.add_argument("--format-only", action="store_true", help="no scoring: the VOC server's archive in --out")
     args = parser.parse_args(argv)
 
     import torch  # after parsing: --help and usage errors come at once
@@ -61,12 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     work_dir = args.work_dir or Path("work_dirs") / Path(args.config).stem
-    run_dir = work_dir / f"test_{args.checkpoint.stem}{'_tta' if args.tta else ''}{'_crf' if args.crf else ''}"
+    split = f"_{Path(args.split).stem}" if args.split else ""
+    run_dir = work_dir / f"test_{args.checkpoint.stem}{split}{'_tta' if args.tta else ''}{'_crf' if args.crf else ''}"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
         result = evaluate_checkpoint(cfg, args.checkpoint, run_dir, out=args.out, show_dir=args.show_dir,
-                                     tta=args.tta, crf=args.crf, device=device)  # fmt: skip
+                                     tta=args.tta, crf=args.crf, device=device, split=args.split,
+                                     format_only=args.format_only)  # fmt: skip
         is_main = rank_and_world()[0] == 0
     except (ConfigError, OSError, ValueError) as err:  # OSError: a missing file or an output not written, named
         print(f"error: {err}", file=sys.stderr)
@@ -76,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     if not is_main:
         return 0
     print(result.inference.format())
+    print(result.protocol.line())
+    if result.submission is not None:
+        print(f"wrote {result.submission.archive} ({result.submission.folder}), protocol in {result.metrics_file}")
+        print(result.submission.how_to_submit())
+        return 0
     print(format_table(result.metrics))
     print("  ".join(f"{k} {v:.2f}" for k, v in result.metrics.summary.items()))
     print(f"wrote {result.metrics_file}, masks in {result.masks}" + (f", {result.gallery}" if result.gallery else ""))

@@ -4,7 +4,6 @@ share is empty joins the sum and the job completes."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -13,17 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from tests.conftest import TINY_CLASSES, tiny_config
+from tests.conftest import TINY_CLASSES
 from tools import eval_cams as eval_cams_cli
 from tools import test as test_cli
-from wsss.config import dump_config
-from wsss.data.transforms import backbone_mean_std
-from wsss.engine.checkpoint import save_checkpoint
 from wsss.evaluation.folders import evaluate_folders
 from wsss.evaluation.split_eval import score_masks
-from wsss.models import build_model
 from wsss.utils.fileio import read_mask, save_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,25 +39,6 @@ def torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
 def files(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` by relative path."""
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture
-def checkpoint(tiny_voc: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """(config file, checkpoint) of an untrained tiny model on the tiny set, scored on its 3-image train split;
-    its masks hold every class (``infer.mask_classes=all``), so the scores vary with every image."""
-    cfg = tiny_config(tiny_voc)
-    cfg.data = dataclasses.replace(cfg.data, val_split="train")
-    cfg.infer.mask_classes = "all"
-    cfg.infer.scales = (1.0, 0.5)
-    torch.manual_seed(3)
-    model = build_model(cfg.model, num_classes=len(TINY_CLASSES))
-    mean, std = backbone_mean_std(cfg.model.backbone)
-    path = tmp_path / "ckpt" / "iter_0.pth"
-    path.parent.mkdir()
-    save_checkpoint(path, model, cfg, TINY_CLASSES, mean, std, step=0)
-    cfg_file = tmp_path / "cfg.py"
-    dump_config(cfg, cfg_file)
-    return cfg_file, path
 
 
 @pytest.mark.slow

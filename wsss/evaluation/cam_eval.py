@@ -47,6 +47,7 @@ from wsss.data.classes import voc_palette
 from wsss.data.transforms import denormalize
 from wsss.data.voc import VOCSegDataset, collate_list
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics, format_table
+from wsss.evaluation.protocol import EvalProtocol, is_voc
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
@@ -154,6 +155,8 @@ class CamEvalResult:
             f"{self.info.get('split', '?')}, image-level labels from the ground-truth masks"
         )
         lines = [title, rule, "| bg thresh |   mIoU |   aAcc |   mAcc |", rule, *rows, rule]
+        if "protocol" in self.info:
+            lines.insert(0, EvalProtocol.from_dict(self.info["protocol"]).line())
         best = self.best_threshold
         lines.append(f"best CAM background threshold: {best:g} (mIoU {self.best_miou:.2f})")
         lines.append(format_table(self.cam[best], title=f"CAM at bg threshold {best:g}"))
@@ -340,7 +343,13 @@ def run_cam_eval(
         cam_dir=out / "cams" if save_cams else None, pseudo_dir=out / "pseudo" if save_pseudo else None,
         max_images=max_images, progress=progress,
     )  # fmt: skip
-    result.info = {"checkpoint": str(checkpoint), "data_root": cfg.data.root, "split": split, **result.info}
+    protocol = EvalProtocol(
+        checkpoint=str(checkpoint), step=ckpt.get("step"), split=split, num_images=result.num_images,
+        split_images=len(dataset), val_split=cfg.data.val_split, voc=is_voc(dataset.classes),
+        scales=tuple(cfg.cam.scales), flip=True, crf=False, mask_classes="ground-truth labels",
+    )  # fmt: skip
+    result.info = {"checkpoint": str(checkpoint), "data_root": cfg.data.root, "split": split, **result.info,
+                   "protocol": protocol.to_dict()}  # fmt: skip
     path = out / "cam_eval.json"
     if dist_info.is_main:  # after the sum across ranks, which every rank joins once its exports are written
         atomic_write_text(path, json.dumps(result.to_dict(), indent=2) + "\n")

@@ -1,4 +1,5 @@
-"""Score a checkpoint on a config's validation split (``tools/test.py``, mmseg's ``tools/test.py`` spelling).
+"""Score a checkpoint on a config's validation split (``tools/test.py``, mmseg's ``tools/test.py`` spelling), or
+format its masks of a split without ground truth for the VOC server (``--format-only``).
 
 The predictions come from :func:`wsss.inference.runner.run_inference` (the same masks ``tools/infer.py`` writes)
 and are scored as :func:`wsss.evaluation.folders.evaluate_folders` scores them (the same numbers ``tools/eval.py``
@@ -12,8 +13,10 @@ the device, so the scores equal one process's exactly, and rank 0 alone writes `
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -22,24 +25,32 @@ from wsss.config import Config, to_dict
 from wsss.data.voc import config_classes, read_split, resolve_split
 from wsss.evaluation.folders import index_masks, iter_mask_pairs, save_metrics_json
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
+from wsss.evaluation.protocol import EvalProtocol, is_voc
+from wsss.evaluation.voc_submission import ARCHIVE_NAME, Submission, write_archive, write_submission
 from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
 from wsss.inference.sources import check_output_folder, output_paths, writing
 from wsss.model_file import read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, rank_and_world
-from wsss.utils.fileio import atomic_write_bytes
+from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
 
 
 @dataclass
 class SplitEvaluation:
-    """What :func:`evaluate_checkpoint` produced: the scores, the inference run, and where they are."""
+    """What :func:`evaluate_checkpoint` produced: the scores (or the submission), the inference run, the protocol,
+    and where they are."""
 
-    metrics: SegMetrics
+    metrics: SegMetrics | None
+    """None with ``format_only``."""
     inference: InferenceSummary
     metrics_file: Path
+    """``metrics.json``, or with ``format_only`` ``submission.json`` (the protocol and the archive's path)."""
     masks: Path
     """The folder of the predicted masks (``<id>.png``)."""
     gallery: Path | None
     """``index.html`` of the painted images, if they were asked for."""
+    protocol: EvalProtocol
+    submission: Submission | None = None
+    """The VOC-server layout and archive, with ``format_only``."""
 
 
 def evaluate_checkpoint(
@@ -53,8 +64,11 @@ def evaluate_checkpoint(
     crf: bool = False,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    split: str | None = None,
+    format_only: bool = False,
 ) -> SplitEvaluation:
-    """Predict the masks of ``cfg.data.val_split`` with ``checkpoint`` and score them against ``cfg.data.mask_dir``.
+    """Predict the masks of ``split`` with ``checkpoint`` and score them against ``cfg.data.mask_dir``; with
+    ``format_only``, lay them out for the VOC server under ``out`` instead (no ground truth needed).
 
     Every image is predicted afresh (masks an earlier run left in the same folder are replaced, never scored).
 
@@ -64,7 +78,7 @@ def evaluate_checkpoint(
         checkpoint: A wsss checkpoint, or a ``tools/export.py --safetensors`` export.
         run_dir: Folder of ``metrics.json``; also of the predictions (``masks/``, with the inference run's
             ``run.json``, ``summary.json`` and ``labels/``) unless ``out`` or ``show_dir`` is given.
-        out: Folder of the predicted masks (``masks/<id>.png``).
+        out: Folder of the predicted masks (``masks/<id>.png``); with ``format_only`` of the server's layout.
         show_dir: Folder of the painted images (``overlays/``, ``cams/``, ``thumbs/``, ``gt/``, ``index.html``)
             with the masks they show and the inference run's files; the masks are copied to ``out`` when both
             are given.
@@ -73,14 +87,19 @@ def evaluate_checkpoint(
         device: Where the model runs and the confusion matrix is counted (under torchrun: ``cuda`` is each rank's
             ``cuda:LOCAL_RANK``, with NCCL; ``cpu`` uses gloo).
         progress: Progress bars (on rank 0 alone).
+        split: Split name or file (default ``cfg.data.val_split``).
+        format_only: Score nothing: copy the masks to ``out/results/VOC2012/Segmentation/comp6_test_cls/`` and pack
+            them into ``out/results.tar.gz`` (:mod:`wsss.evaluation.voc_submission`); the predictions themselves
+            go to ``show_dir`` or ``run_dir``, and ``run_dir/submission.json`` records the protocol.
 
     Under ``torchrun`` every rank joins the process group, predicts and scores its share and returns the scores of
-    the whole split; rank 0 alone writes ``metrics.json``, once every rank's masks are written.
+    the whole split; rank 0 alone writes ``metrics.json`` (with ``format_only``: the archive and ``submission.json``,
+    once every rank has copied its share of the masks), once every rank's masks are written.
 
     Raises:
         FileNotFoundError: The checkpoint, the dataset root, the split or the mask folder is missing.
-        ValueError: The checkpoint's classes differ from the config's, the masks do not fit them, or an output
-            folder could overwrite the dataset.
+        ValueError: The checkpoint's classes differ from the config's, the masks do not fit them, an output
+            folder could overwrite the dataset, or ``format_only`` without ``out``.
         OutputError: An output could not be written (one line naming it).
     """
     dist_info = init_distributed(str(device))
@@ -88,7 +107,11 @@ def evaluate_checkpoint(
     progress = progress and dist_info.is_main
     root = Path(cfg.data.root)
     classes = config_classes(cfg.data)
-    trained = list(read_model_file(checkpoint)["classes"])
+    split = split or cfg.data.val_split
+    if format_only and out is None:
+        raise ValueError("--format-only writes the server's layout and archive under --out DIR: give --out")
+    model_file = read_model_file(checkpoint)
+    trained = list(model_file["classes"])
     if trained != classes:
         raise ValueError(
             f"{checkpoint} was trained on classes {trained}, the config names {classes}: "
@@ -97,14 +120,23 @@ def evaluate_checkpoint(
     for folder in (run_dir, out):
         if folder is not None:
             check_output_folder(root, folder)
-    predicted = Path(show_dir or out or run_dir)
+    predicted = Path(show_dir or (None if format_only else out) or run_dir)
     options = InferenceOptions(
         scales=cfg.infer.scales if tta else (1.0,), flip=cfg.infer.flip and tta, crf=crf, gallery=show_dir is not None,
         overwrite=True, progress=progress, cfg_options={f"infer.{k}": v for k, v in to_dict(cfg)["infer"].items()},
     )  # fmt: skip
-    summary = run_inference(checkpoint, root, predicted, cfg.data.val_split, options, device)
-    ids = read_split(resolve_split(root, cfg.data.val_split))
+    summary = run_inference(checkpoint, root, predicted, split, options, device)
+    ids = read_split(resolve_split(root, split))
     masks = predicted / "masks"
+    protocol = EvalProtocol(
+        checkpoint=str(checkpoint), step=model_file.get("step"), split=split, num_images=len(ids),
+        split_images=len(ids), val_split=cfg.data.val_split, voc=is_voc(classes), scored=not format_only,
+        **_inference_settings(predicted),
+    )  # fmt: skip
+    gallery = predicted / "index.html" if show_dir is not None else None
+    if format_only:
+        submission = _submit(masks, Path(out), ids, protocol, Path(run_dir) / "submission.json")
+        return SplitEvaluation(None, summary, Path(run_dir) / "submission.json", masks, gallery, protocol, submission)
     metrics = score_masks(masks, root / cfg.data.mask_dir, ids, classes, cfg.data.ignore_index, device,
                           cfg.data.num_workers, progress)  # fmt: skip
     if out is not None and Path(out) != predicted:
@@ -113,10 +145,42 @@ def evaluate_checkpoint(
     metrics_file = Path(run_dir) / "metrics.json"
     if dist_info.is_main:
         with writing(metrics_file):
-            save_metrics_json(metrics, metrics_file, checkpoint=str(checkpoint), split=cfg.data.val_split, tta=tta,
-                              crf=crf, predictions=str(masks))  # fmt: skip
-    gallery = predicted / "index.html" if show_dir is not None else None
-    return SplitEvaluation(metrics, summary, metrics_file, masks, gallery)
+            save_metrics_json(metrics, metrics_file, checkpoint=str(checkpoint), split=split, tta=tta,
+                              crf=crf, predictions=str(masks), protocol=protocol.to_dict())  # fmt: skip
+    return SplitEvaluation(metrics, summary, metrics_file, masks, gallery, protocol)
+
+
+def _inference_settings(predicted: Path) -> dict[str, Any]:
+    """The protocol's inference settings as the run recorded them in ``run.json`` (written before any mask)."""
+    run = json.loads((predicted / "run.json").read_text())
+    return {"scales": tuple(run["scales"]), "flip": run["flip"], "crf": run["crf"],
+            "mask_classes": run["mask_classes"], "max_size": run["max_size"]}  # fmt: skip
+
+
+def _submit(masks: Path, out: Path, ids: list[str], protocol: EvalProtocol, record: Path) -> Submission:
+    """Every rank copies its share of the masks into the server's layout; then rank 0 packs the archive and writes
+    ``record`` (the protocol, the archive and its folder)."""
+    rank, world = rank_and_world()
+    failure = None
+    try:
+        folder = write_submission(masks, out, ids, rank, world)
+    except OSError as err:
+        failure = err
+    failures = [m for m in all_gather_objects(None if failure is None else str(failure)) if m]
+    if failure is not None:
+        raise failure
+    if failures:  # another rank's share failed: every rank stops, none waits for the archive
+        raise OSError(failures[0])
+    submission = Submission(folder, out / ARCHIVE_NAME, len(ids), protocol.voc)
+    try:
+        if rank == 0:
+            write_archive(out, ids)
+            with writing(record):
+                info = {"protocol": protocol.to_dict(), "archive": str(submission.archive), "folder": str(folder)}
+                atomic_write_text(record, json.dumps(info, indent=2) + "\n")
+    finally:
+        barrier()
+    return submission
 
 
 def score_masks(

@@ -1,0 +1,53 @@
+"""The protocol line: every setting that changes a score, and whether the split is the full val set."""
+
+from __future__ import annotations
+
+import json
+
+from wsss.evaluation.protocol import EvalProtocol
+
+
+def protocol(**kw) -> EvalProtocol:
+    values = {"checkpoint": "w/iter_80000.pth", "step": 80000, "split": "val", "num_images": 1449, "split_images": 1449,
+              "val_split": "val", "voc": True, "scales": (1.0, 0.5, 1.5), "flip": True, "crf": True,
+              "mask_classes": "present", "max_size": 1024}  # fmt: skip
+    return EvalProtocol(**{**values, **kw})
+
+
+def test_the_line_names_every_setting():
+    assert protocol().line() == (
+        "protocol: checkpoint iter_80000.pth (step 80000); split val, 1449 of 1449 images: the full VOC val set "
+        "(1449 images); scales (1, 0.5, 1.5), flip on, CRF on, mask_classes present, max_size 1024"
+    )
+    line = protocol(step=None, flip=False, crf=False, mask_classes="all", max_size=0, scales=(1.0,)).line()
+    assert "(step unknown)" in line and "scales (1), flip off, CRF off, mask_classes all, max_size uncapped" in line
+    assert protocol(max_size=None).line().endswith("mask_classes present")
+
+
+def test_full_val_on_voc_needs_all_1449_images():
+    assert protocol().full_val
+    part = protocol(num_images=1000)  # --max-images, or scored on part of the split
+    assert not part.full_val and "1000 of 1449 images: NOT the full VOC val set (1449 images)" in part.line()
+    trimmed = protocol(num_images=500, split_images=500)  # a val.txt cut to 500 ids: complete, but not VOC val
+    assert not trimmed.full_val and "500 of 500 images: NOT the full VOC val set (1449 images)" in trimmed.line()
+    assert protocol(split="data/VOC/ImageSets/Segmentation/val.txt").full_val  # the split as a file
+    test = protocol(split="test", num_images=1456, split_images=1456, scored=False)
+    assert not test.full_val
+    assert "1456 of 1456 images: the full VOC test set (1456 images), not scored (--format-only)" in test.line()
+
+
+def test_full_val_on_other_classes_is_the_whole_val_split():
+    toy = protocol(voc=False, num_images=100, split_images=100)
+    assert toy.full_val and "split val, 100 of 100 images: the full val split;" in toy.line()
+    assert not protocol(voc=False, num_images=99, split_images=100).full_val
+    train = protocol(voc=False, split="train", num_images=3, split_images=3)
+    assert not train.full_val and "3 of 3 images: all of the split, not the val set" in train.line()
+    part = protocol(voc=False, split="train", num_images=2, split_images=3)
+    assert "2 of 3 images: a part of the split, not the val set" in part.line()
+
+
+def test_round_trip_through_json():
+    original = protocol(voc=False, num_images=10, scored=False)
+    data = json.loads(json.dumps(original.to_dict()))
+    assert data["full_val"] is False and data["line"] == original.line()
+    assert EvalProtocol.from_dict(data) == original
