@@ -27,8 +27,10 @@ primary context and streams; pytorch/pytorch#92627), which a machine without a G
 formulas (each ``grad_fn`` node is called in dependency order, gradients are summed, reduced to their input's
 shape and checked for device as the engine does), so on CPU tensors it gives the engine's gradients exactly.
 
-What cannot run here: Triton kernels (they need device memory), the dense CRF (it runs on the CPU by design),
-NCCL and pinned memory (a driver).
+What cannot run here: Triton kernels (they need device memory), sparse CSR tensors (the torch dense CRF's splat,
+blur and slice products: FakeTensorMode has no sparse layouts, so their constructor reaches the driver; the CRF's
+lattice construction runs here, tests/inference/test_crf.py, and the whole CRF in `make gpu-check`), NCCL and
+pinned memory (a driver).
 """
 
 from __future__ import annotations

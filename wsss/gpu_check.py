@@ -36,6 +36,7 @@ from wsss.config import Config, GpuCheckConfig
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.step import TrainingStep
 from wsss.evaluation.metrics import ConfusionMatrix
+from wsss.inference.crf import dense_crf_batch
 from wsss.inference.predictor import Segmenter
 from wsss.losses import gaussian_filter_dense
 from wsss.model_file import load_checkpoint
@@ -235,6 +236,13 @@ def device_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
     fractions = [equal_fraction(a, b) for a, b in zip(masks["cuda"], masks["cpu"], strict=True)]
     checks.append(Check("Segmenter masks: pixels equal on CUDA and CPU", min(fractions), gc.min_mask_agreement,
                         at_least=True, detail=f"{len(cfg.infer.scales)} scales + flip"))  # fmt: skip
+
+    crf_cfg = dataclasses.replace(cfg.infer.crf, backend="torch")
+    probs = [torch.rand(c, *gc.image_size, generator=g).softmax(0) for _ in images]
+    marginals = {d.type: dense_crf_batch(images, [p.to(d) for p in probs], crf_cfg) for d in (cpu, cuda)}
+    gap = max(float((a.cpu() - b).abs().max()) for a, b in zip(marginals["cuda"], marginals["cpu"], strict=True))
+    checks.append(Check("dense CRF (torch backend): CUDA = CPU marginals (max abs)", gap, gc.crf_tolerance,
+                        detail=f"{len(images)} images in one batch, {c} classes"))  # fmt: skip
     return checks
 
 
@@ -254,6 +262,8 @@ def bench_sections(config: str, gc: GpuCheckConfig) -> dict[str, str]:
         args = [sys.executable, "bench/bench_train.py", "--device", "cuda", "--config", config,
                 "--cfg-options", f"train.cam_dtype={dtype}"]  # fmt: skip
         out[f"bench/bench_train.py --device cuda, CAM pass {dtype}"] = run_command(args, gc.part_timeout)
+    args = [sys.executable, "bench/bench_crf.py", "--cuda-only", "--cuda-batches", "1", "16"]
+    out["bench/bench_crf.py --cuda-only (dense CRF, ms/image at batch 1 and 16)"] = run_command(args, gc.part_timeout)
     return out
 
 

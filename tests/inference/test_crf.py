@@ -211,3 +211,33 @@ def test_missing_package_names_it_and_torch_needs_none(monkeypatch):
     assert (crf_labels(image, probs) == truth).mean() > 0.98  # the default backend needs no compiled package
     with CrfPool(CrfConfig(workers=2)) as pool:
         assert (pool.submit(image, probs).result() == truth).mean() > 0.98
+
+
+def test_the_lattice_is_built_on_the_device_of_the_features():
+    """On the emulated CUDA device (tests/fake_cuda.py) every step of the lattice construction keeps to ``cuda``
+    and gives the CPU's lattice; the sparse products that follow cannot run there (no sparse layouts in
+    FakeTensorMode) and are compared with the CPU on a real GPU by `make gpu-check`."""
+    from tests.fake_cuda import fake_cuda
+    from wsss.inference import permutohedral as lattice
+
+    image, _ = colour_noise_case(seed=3)
+    xy = torch.stack(torch.meshgrid(torch.arange(24.0), torch.arange(32.0), indexing="ij")[::-1], -1).reshape(-1, 2)
+    features = torch.cat([xy / 121.0, torch.from_numpy(image).reshape(-1, 3).float() / 5.0], dim=1)
+    segments = torch.arange(2).repeat_interleave(features.shape[0] // 2)
+
+    def steps(f: torch.Tensor, seg: torch.Tensor):
+        elevated = lattice._elevate(f)
+        rem0, rank = lattice._enclosing_simplex(elevated)
+        weights = lattice._barycentric(elevated, rem0, rank)
+        keys = torch.cat([seg[:, None], rem0[:, :5] + rank[:, :5]], dim=1)  # lattice-like keys, one per point
+        order, vertex, neighbours, m = lattice._index_keys(keys, 5, offset=1)
+        return [weights, rem0, rank, order, vertex, *[n for pair in neighbours for n in pair]], m
+
+    want, m = steps(features, segments)
+    with fake_cuda():
+        got, m_cuda = steps(features.to("cuda"), segments.to("cuda"))
+        assert all(t.device.type == "cuda" for t in got)
+        got = [t.cpu() for t in got]
+    assert m_cuda == m
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

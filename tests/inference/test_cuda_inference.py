@@ -1,8 +1,8 @@
 """The predictor, the batched folder runner and the evaluator on an emulated CUDA device (tests/fake_cuda.py):
 every op checked by FakeTensorMode for device and dtype, the results compared with the CPU's.
 
-Not run here: the dense CRF, which runs on the CPU by design (its input is the softmax copied to the host), so
-a CUDA run and a CPU run give it the same array.
+Not run here: the torch dense CRF's sparse products (tests/fake_cuda.py says why); its lattice is built on the emulated
+device in tests/inference/test_crf.py, and `make gpu-check` compares the whole CRF on a real GPU with the CPU.
 """
 
 from __future__ import annotations

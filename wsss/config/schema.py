@@ -408,6 +408,8 @@ class GpuCheckConfig(Section):
     """(H, W) of the images the Segmenter and the evaluator compare on (a typical VOC photo)."""
     min_mask_agreement: float = bounded(0.999, UNIT)
     """Smallest fraction of mask pixels equal on CUDA and the CPU."""
+    crf_tolerance: float = bounded(1e-4, FRACTION)
+    """Largest gap of the torch CRF's marginals on CUDA from the CPU's (the bound on its gap to pydensecrf)."""
     part_timeout: float = bounded(300.0, Range(0, 86400, low_open=True, why="ceiling one day"))
     """Seconds each subprocess (benchmark, toy set, torchrun) may take."""
     toy_images: int = bounded(16, Range(1, 10000))

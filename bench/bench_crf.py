@@ -1,0 +1,168 @@
+"""Dense CRF: the torch backend against the pydensecrf2 pool, same images, same cores, one process run.
+
+    python bench/bench_crf.py [--images 6] [--cores 2] [--cases voc3 voc21 coco81] [--cuda-batches 1 16]
+
+Cases: VOC-sized photographs (500 x 375) with 3 and 21 classes, COCO-sized (640 x 480) with 81, from the
+scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resized, with model-like probabilities
+(softmax of smooth random logits). For each case:
+
+- images/s of ``CrfPool`` with ``backend=pydensecrf`` and ``--cores`` worker processes, and of the torch backend
+  on the CPU with ``--cores`` threads, one image per call and all the images in one call;
+- peak memory of one image, each backend in a fresh process (max RSS above the process's RSS after imports);
+- on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory.
+
+Prints a markdown table (docs/benchmarks.md, "Dense CRF").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from wsss.config import CrfConfig
+
+CASES = {"voc3": ((375, 500), 3), "voc21": ((375, 500), 21), "coco81": ((480, 640), 81)}
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle")
+
+
+def photographs(size: tuple[int, int], count: int) -> list[np.ndarray]:
+    import cv2
+    import skimage.data as data
+
+    loaders = [getattr(data, name) for name in PHOTOS[:-1]] + [lambda: data.stereo_motorcycle()[0]]
+    h, w = size
+    return [np.ascontiguousarray(cv2.resize(loaders[i % len(loaders)]()[..., :3], (w, h), interpolation=cv2.INTER_AREA))
+            for i in range(count)]  # fmt: skip
+
+
+def probabilities(size: tuple[int, int], classes: int, seed: int) -> np.ndarray:
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(1, classes, size[0] // 16 + 1, size[1] // 16 + 1, generator=g) * 3
+    return F.interpolate(coarse, size=size, mode="bilinear", align_corners=False)[0].softmax(0).numpy()
+
+
+def case_inputs(name: str, count: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    size, classes = CASES[name]
+    return photographs(size, count), [probabilities(size, classes, seed) for seed in range(count)]
+
+
+def rate(fn, count: int) -> float:
+    tic = time.perf_counter()
+    fn()
+    return count / (time.perf_counter() - tic)
+
+
+def peak_memory(name: str, backend: str) -> float:
+    """MiB of max RSS above the RSS after imports and inputs, for one image, in a fresh process."""
+    out = subprocess.run([sys.executable, __file__, "--peak", name, backend], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    return json.loads(out.strip().splitlines()[-1])["mib"]
+
+
+def _peak_child(name: str, backend: str) -> None:
+    import torch
+
+    from wsss.config import CrfConfig
+    from wsss.inference.crf import crf_labels
+
+    torch.set_num_threads(1)
+    images, probs = case_inputs(name, 1)
+    before = _rss_mib()
+    crf_labels(images[0], probs[0], CrfConfig(backend=backend))
+    print(json.dumps({"mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before}))
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=6)
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--cuda-batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--cuda-only", action="store_true", help="only the CUDA table (make gpu-check)")
+    parser.add_argument("--peak", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.peak:
+        _peak_child(*args.peak)
+        return 0
+    import torch
+
+    cfg = CrfConfig()
+    if not args.cuda_only:
+        cpu_table(args, cfg)
+    if torch.cuda.is_available():
+        cuda_table(args, cfg)
+    elif args.cuda_only:
+        print("error: --cuda-only needs CUDA", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cpu_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
+    import importlib.util
+
+    import torch
+
+    from wsss.inference.crf import CrfPool
+
+    torch.set_num_threads(args.cores)
+    have_reference = importlib.util.find_spec("pydensecrf") is not None
+    print(f"torch {torch.__version__}, {args.cores} cores, {args.images} images per case")
+    print("| case | pydensecrf pool img/s | torch CPU 1/call img/s | torch CPU batch img/s | torch / pool | "
+          "peak MiB pydensecrf | peak MiB torch |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for name in args.cases:
+        images, probs = case_inputs(name, args.images)
+        pooled, ref_mem = float("nan"), float("nan")
+        if have_reference:
+            with CrfPool(replace(cfg, backend="pydensecrf", workers=args.cores)) as pool:
+                pooled = rate(lambda p=pool, i=images, q=probs: [f.result() for f in p.submit_batch(i, q)], len(images))
+            ref_mem = peak_memory(name, "pydensecrf")
+        with CrfPool(cfg) as pool:
+            single = rate(lambda p=pool, i=images, q=probs: [p.submit(*x).result() for x in zip(i, q, strict=True)],
+                          len(images))  # fmt: skip
+            batch = rate(lambda p=pool, i=images, q=probs: [f.result() for f in p.submit_batch(i, q)], len(images))
+        print(f"| {name} | {pooled:.2f} | {single:.2f} | {batch:.2f} | {max(single, batch) / pooled:.2f}x | "
+              f"{ref_mem:.0f} | {peak_memory(name, 'torch'):.0f} |")  # fmt: skip
+
+
+def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
+    import torch
+
+    from wsss.inference.crf import dense_crf_batch
+
+    print(f"\nCUDA: {torch.cuda.get_device_name()}")
+    print("| case | batch | ms/image | images/s | peak CUDA MiB |")
+    print("|---|---|---|---|---|")
+    for name in args.cases:
+        for batch_size in args.cuda_batches:
+            images, probs = case_inputs(name, batch_size)
+            tensors = [torch.from_numpy(p).cuda() for p in probs]
+            dense_crf_batch(images, tensors, cfg)  # warm-up
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            tic = time.perf_counter()
+            for _ in range(3):
+                dense_crf_batch(images, tensors, cfg)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - tic) / 3 / batch_size * 1000
+            peak = torch.cuda.max_memory_allocated() / 2**20
+            print(f"| {name} | {batch_size} | {ms:.2f} | {1000 / ms:.1f} | {peak:.0f} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
