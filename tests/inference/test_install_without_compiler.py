@@ -62,6 +62,6 @@ def test_install_and_crf_inference_without_a_compiler(tmp_path, toy_checkpoint):
     assert used.startswith(str(ROOT / "wsss"))  # the package `make install` installed (editable)
 
     # the stubs do block a build: the reference CRF's sdist cannot install here
-    build = subprocess.run([python, "-m", "pip", "install", "--no-cache-dir", "--no-deps", "--no-binary", ":all:", "pydensecrf2"],
-                           env=env, capture_output=True, text=True)  # fmt: skip
+    pip = [python, "-m", "pip", "install", "--no-cache-dir", "--no-deps", "--no-binary", ":all:"]  # no cached wheel
+    build = subprocess.run([*pip, "pydensecrf2"], env=env, capture_output=True, text=True)
     assert build.returncode != 0
