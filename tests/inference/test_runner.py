@@ -21,7 +21,7 @@ from wsss.inference import runner
 from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.inference.sources import list_split
 from wsss.utils import fileio
-from wsss.utils.fileio import read_mask
+from wsss.utils.fileio import read_mask, temporary_prefix
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -194,7 +194,7 @@ def test_an_interrupted_run_keeps_every_image_label(trained, tmp_path, monkeypat
     monkeypatch.setattr(runner, "save_mask", real_save_mask)
     assert len(saved) == 1 and not (out / "image_labels.json").exists()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = saved[0].parent / f".x.png.{int(dead.stdout)}.q1w2e3r4.tmp"  # as a SIGKILL mid-write leaves it
+    stale = saved[0].parent / f"{temporary_prefix('x.png', int(dead.stdout))}q1w2e3r4.tmp"  # as a SIGKILL mid-write leaves it
     stale.write_bytes(b"half a mask")
 
     summary = run_inference(ckpt, inp, out, options=opts)
