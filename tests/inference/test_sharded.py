@@ -97,15 +97,15 @@ def test_a_killed_rank_ends_the_job_and_a_rerun_with_other_ranks_completes(photo
     dying.write_text(textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(REPO)!r})
-        from wsss.inference import runner
+        from wsss.inference import loop
         from tools import infer
 
-        real = runner.save_mask
+        real = loop.save_mask
         def save_then_die(*args, **kwargs):
             real(*args, **kwargs)
             if os.environ["RANK"] == "1":
                 os._exit(9)
-        runner.save_mask = save_then_die
+        loop.save_mask = save_then_die
         raise SystemExit(infer.main(sys.argv[1:]))
     """))
     proc = torchrun(2, str(dying), str(ckpt), str(inp), str(out), *OPTS, "--launcher", "pytorch")

@@ -22,8 +22,9 @@ from wsss.config import Config, to_dict
 from wsss.data.voc import config_classes, read_split, resolve_split
 from wsss.evaluation.folders import index_masks, iter_mask_pairs, save_metrics_json
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
+from wsss.inference.layout import OutputLayout
 from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
-from wsss.inference.sources import check_output_folder, output_paths, writing
+from wsss.inference.sources import writing
 from wsss.model_file import read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes
@@ -94,7 +95,7 @@ def evaluate_checkpoint(
         )
     for folder in (run_dir, out):
         if folder is not None:
-            check_output_folder(root, folder)
+            OutputLayout(folder).check_input(root)
     predicted = Path(show_dir or out or run_dir)
     options = InferenceOptions(
         scales=cfg.infer.scales if tta else (1.0,), flip=cfg.infer.flip and tta, gallery=show_dir is not None,
@@ -180,7 +181,7 @@ def copy_masks(source: Path, target: Path, ids: list[str]) -> Path:
         OutputError: A mask could not be written (one line naming it).
     """
     for image_id in ids:
-        src, dst = (output_paths(folder, image_id, ["masks"])["masks"] for folder in (source, target))
+        src, dst = (OutputLayout(folder).paths(image_id)["masks"] for folder in (source, target))
         if src.is_file():
             with writing(dst):
                 atomic_write_bytes(dst, src.read_bytes())
