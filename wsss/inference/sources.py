@@ -93,6 +93,8 @@ def list_folder(
     rels, skipped = scan_folder(root)
     sources = []
     nested = output is not None and inside(output.root, root)
+    if nested:  # the run files and outputs are not inputs
+        skipped = [s for s in skipped if not output.owns(root / s.path)]
     for rel in rels:
         path = root / rel
         if nested and inside(path, output.root):
