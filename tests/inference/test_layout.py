@@ -131,3 +131,22 @@ def test_a_list_line_may_hold_any_character_but_newline(toy_checkpoint, tmp_path
     assert (out / "masks" / "a\u2028b\x0cc.png").is_file()
     reasons = [s["reason"].split(": ")[0] for s in summary_of(out)["skipped"]]
     assert sorted(reasons) == [f"{listing}:2", f"{listing}:3"]
+
+
+def test_the_merge_names_every_listed_image_no_rank_finished(tmp_path):
+    """A run never says "done" with outputs missing: an image no rank accounts for, or whose mask vanished, is
+    named as skipped and not counted."""
+    from wsss.data.folder import Skipped
+    from wsss.inference.layout import OutputLayout
+    from wsss.inference.merge import RankPart, merge_parts
+
+    layout = OutputLayout(tmp_path, ["masks", "labels"])
+    for rel in ("a.jpg", "b.jpg"):
+        path = layout.paths(rel)["masks"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"png")
+    parts = [RankPart(finished=["a.jpg", "c.jpg"]), RankPart(existing=["b.jpg"], skipped=[Skipped("d.jpg", "bad")])]
+    summary = merge_parts(parts, ["a.jpg", "b.jpg", "c.jpg", "d.jpg", "e.jpg"], [Skipped("x.txt", "no image")], layout)
+    assert (summary.done, summary.existing) == (1, 1)
+    assert [s.path for s in summary.skipped] == ["c.jpg", "d.jpg", "e.jpg", "x.txt"]
+    assert "vanished" in summary.skipped[0].reason and "no rank finished it" in summary.skipped[2].reason
