@@ -70,7 +70,7 @@ def test_a_name_that_fits_is_written_and_one_that_cannot_is_named(toy_checkpoint
     assert (out / "labels" / ("a" * 250 + ".json")).is_file()
     summary = summary_of(out)
     assert summary["done"] == 2
-    ((skipped),) = summary["skipped"]
+    (skipped,) = summary["skipped"]
     assert skipped["path"] == too_long and "256 bytes, over the 255" in skipped["reason"]
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
 
