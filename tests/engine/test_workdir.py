@@ -17,6 +17,7 @@ from wsss.engine.checkpoint import LAST_CHECKPOINT
 from wsss.engine.train import train
 from wsss.engine.workdir import LOCK_FILE, WorkDirError, claim_work_dir
 from wsss.model_file import load_checkpoint
+from wsss.utils.fileio import temporary_prefix
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -64,8 +65,8 @@ def test_stale_temporaries_of_killed_writes_are_removed_at_start(tiny_voc, tmp_p
     work = tmp_path / "w"
     work.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = work / f".iter_3.pth.{int(dead.stdout)}.k2j4h_x1.tmp"
-    live = work / f".iter_3.pth.{os.getpid()}.abcdefgh.tmp"
+    stale = work / f"{temporary_prefix('iter_3.pth', int(dead.stdout))}k2j4h_x1.tmp"
+    live = work / f"{temporary_prefix('iter_3.pth')}abcdefgh.tmp"
     stale.write_bytes(b"half a checkpoint")
     live.write_bytes(b"being written")
     train(tiny_config(tiny_voc, max_iters=1, ckpt_interval=1), work_dir=work, device="cpu")

@@ -16,7 +16,7 @@ from tools import infer as infer_cli
 from wsss.data.classes import voc_palette
 from wsss.data.toy_render import TOY_CLASSES
 from wsss.inference.gallery import class_cam_paths, find_ground_truth, present_indices, write_class_cams, write_gallery
-from wsss.inference.sources import check_output_folder
+from wsss.inference.layout import OutputLayout
 from wsss.utils.fileio import read_mask, save_image, save_mask
 
 CLASSES = ["background", "c1", "c2", "c3"]
@@ -266,4 +266,4 @@ def test_an_input_inside_a_gallery_folder_is_refused(tmp_path):
     for kind in ("class_cams", "mask_thumbs"):
         (tmp_path / kind / "photos").mkdir(parents=True)
         with pytest.raises(ValueError, match=f"lies in {kind}/ of the output folder"):
-            check_output_folder(tmp_path / kind / "photos", tmp_path)
+            OutputLayout(tmp_path).check_input(tmp_path / kind / "photos")

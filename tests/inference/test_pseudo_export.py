@@ -252,3 +252,47 @@ def test_resume_on_two_ranks_after_one(exported, tmp_path):
     got, expected = outputs(out), outputs(done)
     assert got.pop("summary.json") != expected.pop("summary.json")
     assert got == expected
+
+
+def test_a_killed_export_resumed_with_other_settings_is_refused(exported, tmp_path, monkeypatch, capsys):
+    """Issue 31, 1.2: masks of a killed export (one image half written; an --overwrite run with other settings
+    stopped after one image) never mix with masks of other settings under one run.json."""
+    from wsss.inference import pseudo_export
+
+    root, ckpt, done = exported
+    other = ["--cfg-options", "cam.fg_thresh=0.6"]
+    real_save, saved = pseudo_export.save_mask, []
+
+    def killed_after(n):
+        def save(path, *args):
+            if len(saved) == n:
+                raise KeyboardInterrupt  # as a SIGINT/SIGTERM lands mid-run
+            saved.append(path)
+            real_save(path, *args)
+
+        return save
+
+    half = tmp_path / "half"
+    monkeypatch.setattr(pseudo_export, "save_mask", killed_after(1))  # one mask of the first image, no image done
+    with pytest.raises(KeyboardInterrupt):
+        export_cli.main([str(ckpt), str(half), *ARGS])
+    monkeypatch.setattr(pseudo_export, "save_mask", real_save)
+    assert export_cli.main([str(ckpt), str(half), *ARGS, *other]) == 2
+    assert "other settings (cam differ" in capsys.readouterr().err
+
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    saved.clear()
+    monkeypatch.setattr(pseudo_export, "save_mask", killed_after(2))  # one image redone, five kept
+    with pytest.raises(KeyboardInterrupt):
+        export_cli.main([str(ckpt), str(out), *ARGS, *other, "--overwrite"])
+    monkeypatch.setattr(pseudo_export, "save_mask", real_save)
+    assert json.loads((out / "run.json").read_text())["mixed_with"] == ["cam"]
+    for settings in ([], other):  # neither kind may be added to
+        assert export_cli.main([str(ckpt), str(out), *ARGS, *settings]) == 2
+        err = capsys.readouterr().err
+        assert "two kinds" in err and "--overwrite" in err, err
+    assert export_cli.main([str(ckpt), str(out), *ARGS, *other, "--overwrite"]) == 0
+    assert "mixed_with" not in json.loads((out / "run.json").read_text())  # every mask redone: one kind again
+    assert export_cli.main([str(ckpt), str(out), *ARGS, *other]) == 0
+    assert "0 now" in capsys.readouterr().out

@@ -17,11 +17,11 @@ from PIL import Image
 from tools import eval as eval_cli
 from tools import infer as infer_cli
 from wsss.data.toy_render import TOY_CLASSES
-from wsss.inference import runner
+from wsss.inference import loop
 from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.inference.sources import list_split
 from wsss.utils import fileio
-from wsss.utils.fileio import read_mask
+from wsss.utils.fileio import read_mask, temporary_prefix
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -180,7 +180,7 @@ def test_an_interrupted_run_keeps_every_image_label(trained, tmp_path, monkeypat
     inp, out = tmp_path / "in", tmp_path / "out"
     layout = make_input(root, inp)
     opts = InferenceOptions(scales=(1.0,), flip=False, gallery=True, progress=False, num_workers=0)
-    real_save_mask, saved = runner.save_mask, []
+    real_save_mask, saved = loop.save_mask, []
 
     def killed_after_one(path, *args):
         if saved:
@@ -188,13 +188,13 @@ def test_an_interrupted_run_keeps_every_image_label(trained, tmp_path, monkeypat
         saved.append(path)
         real_save_mask(path, *args)
 
-    monkeypatch.setattr(runner, "save_mask", killed_after_one)
+    monkeypatch.setattr(loop, "save_mask", killed_after_one)
     with pytest.raises(KeyboardInterrupt):
         run_inference(ckpt, inp, out, options=opts)
-    monkeypatch.setattr(runner, "save_mask", real_save_mask)
+    monkeypatch.setattr(loop, "save_mask", real_save_mask)
     assert len(saved) == 1 and not (out / "image_labels.json").exists()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = saved[0].parent / f".x.png.{int(dead.stdout)}.q1w2e3r4.tmp"  # as a SIGKILL mid-write leaves it
+    stale = saved[0].parent / f"{temporary_prefix('x.png', int(dead.stdout))}q1w2e3r4.tmp"  # a SIGKILL leaves it
     stale.write_bytes(b"half a mask")
 
     summary = run_inference(ckpt, inp, out, options=opts)

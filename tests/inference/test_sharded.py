@@ -97,15 +97,15 @@ def test_a_killed_rank_ends_the_job_and_a_rerun_with_other_ranks_completes(photo
     dying.write_text(textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(REPO)!r})
-        from wsss.inference import runner
+        from wsss.inference import loop
         from tools import infer
 
-        real = runner.save_mask
+        real = loop.save_mask
         def save_then_die(*args, **kwargs):
             real(*args, **kwargs)
             if os.environ["RANK"] == "1":
                 os._exit(9)
-        runner.save_mask = save_then_die
+        loop.save_mask = save_then_die
         raise SystemExit(infer.main(sys.argv[1:]))
     """))
     proc = torchrun(2, str(dying), str(ckpt), str(inp), str(out), *OPTS, "--launcher", "pytorch")
@@ -129,3 +129,55 @@ def test_launcher_pytorch_without_torchrun_is_one_line(photos, tmp_path, capsys)
     assert infer_cli.main([str(ckpt), str(inp), str(tmp_path / "o"), *OPTS, "--launcher", "pytorch"]) == 2
     assert "torchrun" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "o", ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_every_rank_works_on_rank_0s_listing(photos, tmp_path):
+    """Issue 31, 3: the folder changes while the ranks start (rank 1 would see p0.png renamed to p9.png and a new
+    file): rank 1 never lists, so the outputs equal the 1-process run's, and an image that vanished after the
+    listing is named as skipped, never counted done."""
+    ckpt, inp, expected = photos
+    out = tmp_path / "out"
+    racing = tmp_path / "racing_infer.py"
+    racing.write_text(textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from wsss.inference import sources
+        from tools import infer
+
+        real = sources.scan_folder
+        def changed_on_rank_1(root):
+            images, skipped = real(root)
+            if os.environ["RANK"] == "1":
+                images = sorted([i for i in images if i != "sub/p0.png"] + ["p9.png", "new.png"])
+            return images, skipped
+        sources.scan_folder = changed_on_rank_1
+        raise SystemExit(infer.main(sys.argv[1:]))
+    """))
+    proc = torchrun(2, str(racing), str(ckpt), str(inp), str(out), *OPTS, "--launcher", "pytorch")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert outputs(out) == expected
+    assert proc.stdout.count("done 5 images") == 1
+
+
+def test_an_image_gone_after_the_listing_is_named_as_skipped(photos, tmp_path, monkeypatch):
+    from wsss.inference import plan
+
+    ckpt, inp, _ = photos
+    moved = tmp_path / "in"
+    shutil.copytree(inp, moved)
+    real = plan.list_folder
+
+    def renamed_after_listing(*args, **kwargs):
+        listed = real(*args, **kwargs)
+        (moved / "p1.png").rename(moved / "p1-renamed.png")
+        return listed
+
+    monkeypatch.setattr(plan, "list_folder", renamed_after_listing)
+    from tools import infer as infer_cli
+
+    out = tmp_path / "out"
+    assert infer_cli.main([str(ckpt), str(moved), str(out), *OPTS]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["done"] == 4 and [s["path"] for s in summary["skipped"]] == ["p1.png"]
+    assert len(list((out / "masks").rglob("*.png"))) == 4

@@ -15,6 +15,7 @@ from wsss.utils.fileio import (
     read_mask,
     remove_stale_temporaries,
     save_mask,
+    temporary_prefix,
 )
 
 
@@ -92,7 +93,6 @@ def test_mask_roundtrip_palette_and_rgb_rejected(tmp_path):
 
 
 def test_atomic_write_uses_normal_permissions(tmp_path):
-    import os
 
     umask = os.umask(0o022)
     try:
@@ -105,8 +105,9 @@ def test_atomic_write_uses_normal_permissions(tmp_path):
 def test_stale_temporaries_are_told_from_live_ones(tmp_path):
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
     (tmp_path / "sub").mkdir()
-    stale = [tmp_path / f".a.png.{dead}.abc_1234.tmp", tmp_path / "sub" / f".b.npy.{dead}.x.tmp"]
-    kept = [tmp_path / f".c.png.{os.getpid()}.zz.tmp", tmp_path / "d.tmp", tmp_path / ".e.png.tmp"]
+    stale = [tmp_path / f"{temporary_prefix('a.png', dead)}abc_1234.tmp",
+             tmp_path / "sub" / f"{temporary_prefix('b.npy', dead)}x.tmp"]  # fmt: skip
+    kept = [tmp_path / f"{temporary_prefix('c.png')}zz.tmp", tmp_path / "d.tmp", tmp_path / ".e.png.tmp"]
     for p in stale + kept:
         p.write_bytes(b"x")
     assert remove_stale_temporaries(tmp_path) == [stale[0]]
@@ -114,6 +115,29 @@ def test_stale_temporaries_are_told_from_live_ones(tmp_path):
     assert all(p.exists() for p in kept)
     with atomic_open(tmp_path / "f.bin") as f:  # the name atomic_open gives is the one recognised
         (name,) = [p.name for p in tmp_path.glob(".f.bin.*")]
-        assert name.startswith(f".f.bin.{os.getpid()}.") and name.endswith(".tmp")
+        assert name.startswith(temporary_prefix("f.bin")) and name.endswith(".tmp")
         f.write(b"y")
     assert remove_stale_temporaries(tmp_path) == []
+
+
+def test_clean_up_keeps_user_files_and_other_hosts_temporaries(tmp_path):
+    """Issue 31, 1.1: only files with the project's mark, of this host's dead processes, are deleted."""
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    kept = [
+        tmp_path / f".report.{dead}.draft.tmp",  # a user's file named like the old temporaries
+        tmp_path / f".a.png.{dead}.abc_1234.tmp",
+        tmp_path / f"{temporary_prefix('a.png', dead, host='another-node')}k2j4h_x1.tmp",  # a shared folder
+    ]
+    stale = tmp_path / f"{temporary_prefix('a.png', dead)}k2j4h_x1.tmp"
+    for p in [*kept, stale]:
+        p.write_bytes(b"x")
+    assert remove_stale_temporaries(tmp_path) == [stale]
+    assert all(p.exists() for p in kept)
+
+
+def test_temporary_of_a_long_name_fits_the_file_system(tmp_path):
+    """Issue 31, 4: a 254-byte name (a 255-byte one, and a cut inside a UTF-8 character) is written atomically."""
+    for name in ["x" * 250 + ".png", "y" * 251 + ".png", "\u00e9" * 125 + "e.png"]:
+        atomic_write_text(tmp_path / name, "ok")
+        assert (tmp_path / name).read_text() == "ok"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []

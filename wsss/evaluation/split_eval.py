@@ -27,8 +27,9 @@ from wsss.evaluation.folders import index_masks, iter_mask_pairs, save_metrics_j
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.evaluation.protocol import EvalProtocol, is_voc
 from wsss.evaluation.voc_submission import ARCHIVE_NAME, Submission, write_archive, write_submission
+from wsss.inference.layout import OutputLayout
 from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
-from wsss.inference.sources import check_output_folder, output_paths, writing
+from wsss.inference.sources import writing
 from wsss.model_file import read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
@@ -119,7 +120,7 @@ def evaluate_checkpoint(
         )
     for folder in (run_dir, out):
         if folder is not None:
-            check_output_folder(root, folder)
+            OutputLayout(folder).check_input(root)
     predicted = Path(show_dir or (None if format_only else out) or run_dir)
     options = InferenceOptions(
         scales=cfg.infer.scales if tta else (1.0,), flip=cfg.infer.flip and tta, crf=crf, gallery=show_dir is not None,
@@ -246,7 +247,7 @@ def copy_masks(source: Path, target: Path, ids: list[str]) -> Path:
         OutputError: A mask could not be written (one line naming it).
     """
     for image_id in ids:
-        src, dst = (output_paths(folder, image_id, ["masks"])["masks"] for folder in (source, target))
+        src, dst = (OutputLayout(folder).paths(image_id)["masks"] for folder in (source, target))
         if src.is_file():
             with writing(dst):
                 atomic_write_bytes(dst, src.read_bytes())

@@ -19,6 +19,7 @@ Files, ``<stem>`` being the input's relative path without its extension::
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
@@ -28,7 +29,8 @@ from PIL import Image
 from torch import Tensor
 
 from wsss.data.classes import voc_palette
-from wsss.inference.sources import output_paths, writing
+from wsss.inference.layout import OutputLayout
+from wsss.inference.sources import writing
 from wsss.inference.visualize import cam_thumbnails, resize_labels
 from wsss.utils.fileio import atomic_write_text, read_mask, save_image, save_mask
 
@@ -45,7 +47,13 @@ _IGNORE = 255
 
 
 def _url(path: str) -> str:
-    return html.escape(quote(path), quote=True)
+    """``path`` percent-encoded byte for byte, so a file name that is not UTF-8 still links to its file."""
+    return html.escape(quote(os.fsencode(path)), quote=True)
+
+
+def _text(name: str) -> str:
+    """``name`` HTML-escaped, bytes that are not UTF-8 shown as U+FFFD (the page is UTF-8)."""
+    return html.escape(os.fsencode(name).decode("utf-8", "replace"))
 
 
 def find_ground_truth(root: str | Path, mask_dirs: Sequence[str], rels: Sequence[str]) -> dict[str, Path]:
@@ -65,10 +73,8 @@ def present_indices(entry: dict, classes: Sequence[str]) -> list[int]:
 
 
 def class_cam_paths(output: Path, rel: str, indices: Sequence[int]) -> dict[int, Path]:
-    """``output/class_cams/<stem>/<k>.jpg`` of input ``rel`` for each class index k: a folder per image and files
-    named by index, so no two images share a file and a class name never becomes a path."""
-    folder = output_paths(output, rel, ("class_cams",))["class_cams"]
-    return {k: folder / f"{k}.jpg" for k in indices}
+    """:meth:`~wsss.inference.layout.OutputLayout.class_cam_paths` under ``output``."""
+    return OutputLayout(output).class_cam_paths(rel, indices)
 
 
 def write_class_cams(output: Path, rel: str, thumb: np.ndarray, cams: Tensor, indices: Sequence[int]) -> None:
@@ -87,7 +93,7 @@ def write_class_cams(output: Path, rel: str, thumb: np.ndarray, cams: Tensor, in
         OutputError: A file could not be written or removed; the message names it.
     """
     paths = class_cam_paths(output, rel, indices)
-    folder = output_paths(output, rel, ("class_cams",))["class_cams"]
+    folder = OutputLayout(output).paths(rel, ["class_cams"])["class_cams"]
     if folder.is_dir():
         for old in folder.glob("*.jpg"):
             if old.stem.isdigit() and int(old.stem) not in paths and old.is_file():
@@ -189,7 +195,7 @@ def write_gallery(
     seen = np.zeros(256, bool)
     rows = []
     for rel in rels:
-        paths = output_paths(Path(), rel, ("thumbs", "overlays", "cams", "masks", "mask_thumbs", "gt"))
+        paths = OutputLayout(Path()).paths(rel, ("thumbs", "overlays", "cams", "masks", "mask_thumbs", "gt"))
         with Image.open(output / paths["thumbs"]) as im:
             size = im.size[::-1]
         seen |= _plain_thumbnail(output / paths["masks"], output / paths["mask_thumbs"], size)
@@ -202,7 +208,7 @@ def write_gallery(
             if rel in truth:
                 seen |= _plain_thumbnail(truth[rel], output / paths["gt"], size)
             cells.append(_cell(paths["gt"].as_posix(), plain=True) if rel in truth else _cell(None))
-        name = f'{html.escape(rel)}<br><a href="{_url(paths["cams"].as_posix())}">CAMs, full size</a>'
+        name = f'{_text(rel)}<br><a href="{_url(paths["cams"].as_posix())}">CAMs, full size</a>'
         cams = _cam_cells(rel, labels.get(rel, {}), classes)
         cells.append(f'<div class="cams">{cams}</div>')
         rows.append(f'<div class="row"><div class="name">{name}</div>{"".join(cells)}</div>')

@@ -30,7 +30,10 @@ by pixels); each mask is written atomically, and an image whose two masks exist 
 re-run, with the same or another number of ranks, finishes the rest. Rank 0 gathers what every rank did and writes
 the split file, ``image_labels.json``, ``summary.json`` and the second-stage configs
 (:mod:`wsss.inference.second_stage`). ``run.json``, written before any mask, holds the settings the masks depend on;
-a re-run with other settings over existing masks is refused (``overwrite`` redoes them).
+a re-run with other settings over any existing mask (of a complete export, a killed one, another split) is refused
+(``overwrite`` redoes them). An ``overwrite`` run with other settings names them in ``run.json`` (``mixed_with``)
+until it has redone every mask in OUT, so resuming it after a kill without ``overwrite`` is refused too: OUT never
+holds two kinds of masks under one ``run.json``.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ PSEUDO_DIR = "SegmentationClassPseudo"
 """Dual-threshold masks under OUT: 255 where uncertain (the second stage's training targets)."""
 DENSE_DIR = "SegmentationClassPseudoDense"
 """Single-threshold masks under OUT: every pixel a class (the "every pixel" score)."""
+MASK_DIRS = (PSEUDO_DIR, DENSE_DIR)
 SPLIT_DIR = "ImageSets/Segmentation"
 """Where the split file of the exported ids goes under OUT."""
 
@@ -255,15 +259,15 @@ def export_pseudo_labels(
         return all(p.is_file() for p in paths[image_id])
 
     settings = _settings(checkpoint, dataset, cfg, opts.crf)
-    if not opts.overwrite:
-        _check_previous_settings(output, settings, any(finished(i) for i in dataset.ids))
+    mixed = _check_previous_settings(output, settings, opts.overwrite)
     rank, _ = rank_and_world()
     if rank == 0:
         with writing(output):
             output.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(output, recursive=True)  # before the barrier: no rank writes yet
-        with writing(output / "run.json"):
-            atomic_write_text(output / "run.json", json.dumps(settings, indent=2) + "\n")
+        own = [(output, False), (output / SPLIT_DIR, False), *((output / d, True) for d in MASK_DIRS)]
+        for folder, recursive in own:  # OUT's own folders only; before the barrier: no rank writes yet
+            remove_stale_temporaries(folder, recursive)
+        _write_run_file(output, settings, mixed)
     barrier()
 
     sources = sorted((Source(i, dataset.image_path(i)) for i in dataset.ids), key=lambda s: s.rel)
@@ -301,6 +305,8 @@ def export_pseudo_labels(
     exported = [i for i in dataset.ids if finished(i)]
     summary.exported = [mask_name(i) for i in exported]
     summary.existing = len(exported) - summary.done
+    if mixed and summary.existing == 0 and _mask_files(output) == {f"{mask_name(i)}.png" for i in exported}:
+        _write_run_file(output, settings, [])  # every mask in OUT was made now: one kind again
     _write_merged(summary, dataset, cfg, checkpoint, split_file, exported)
     return summary
 
@@ -316,18 +322,50 @@ def _settings(checkpoint: str | Path, dataset: VOCClsDataset, cfg: Config, crf: 
     return json.loads(json.dumps(settings))
 
 
-def _check_previous_settings(output: Path, settings: dict[str, Any], masks_exist: bool) -> None:
-    """Refuse to add masks made with other settings than ``run.json``'s to those already in OUT."""
+def _check_previous_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> list[str]:
+    """Refuse to add masks made with other settings than ``run.json``'s to any mask in OUT (of a complete export,
+    a killed one, another split), and to resume an ``overwrite`` run with other settings that did not redo every
+    mask (OUT then holds two kinds: ``run.json``'s ``mixed_with``).
+
+    Returns:
+        The settings in which OUT's masks may differ from ``settings`` (``overwrite`` over masks of other settings):
+        ``run.json`` names them until a run has redone every mask in OUT.
+
+    Raises:
+        ValueError: Without ``overwrite``, OUT holds masks and other settings, or two kinds of masks.
+    """
     try:
         previous = json.loads((output / "run.json").read_text())
     except (OSError, ValueError):
-        return
-    changed = [k for k in settings if previous.get(k) != settings[k]]
-    if changed and masks_exist:
+        return []
+    if not isinstance(previous, dict) or not _mask_files(output):
+        return []
+    earlier = previous.get("mixed_with") or []
+    changed = sorted({*(k for k in settings if previous.get(k) != settings[k]), *earlier})
+    if overwrite or not changed:
+        return changed
+    if earlier:
         raise ValueError(
-            f"{output} holds pseudo labels made with other settings ({', '.join(changed)} differ from "
-            f"{output / 'run.json'}); --overwrite redoes every image, or give another OUT"
+            f"{output} holds pseudo labels of two kinds: an --overwrite run with other settings ({', '.join(earlier)} "
+            f"differ, {output / 'run.json'}) stopped before it redid every image; --overwrite redoes every image, "
+            "or give another OUT"
         )
+    raise ValueError(
+        f"{output} holds pseudo labels made with other settings ({', '.join(changed)} differ from "
+        f"{output / 'run.json'}); --overwrite redoes every image, or give another OUT"
+    )
+
+
+def _write_run_file(output: Path, settings: dict[str, Any], mixed: list[str]) -> None:
+    """``run.json``: ``settings``, and while OUT may hold masks of other settings, which ones (``mixed_with``)."""
+    payload = {**settings, "mixed_with": mixed} if mixed else settings
+    with writing(output / "run.json"):
+        atomic_write_text(output / "run.json", json.dumps(payload, indent=2) + "\n")
+
+
+def _mask_files(output: Path) -> set[str]:
+    """The masks in OUT's mask folders, by name relative to their folder (either folder, any split)."""
+    return {p.relative_to(output / d).as_posix() for d in MASK_DIRS for p in (output / d).rglob("*.png")}
 
 
 def _check_outputs(output: Path, dataset: VOCClsDataset, split_file: Path) -> None:

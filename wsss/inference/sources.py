@@ -3,43 +3,38 @@
 Input files whose resolved path (symlinks followed) lies outside the input folder (unless ``follow_symlinks``
 and the file is a symlink to a regular file), split ids that are absolute or contain ``..``, and outputs whose
 resolved path would lie outside OUTPUT (a symlinked output folder) are skipped with a reason. Files under
-OUTPUT are never read as inputs when OUTPUT lies inside INPUT.
+OUTPUT are never read as inputs when OUTPUT lies inside INPUT: those of its own folders are left out, any other
+image there is skipped with its reason.
 
 An output never lands on an input: OUTPUT equal to INPUT, or INPUT inside one of OUTPUT's output folders
-(``proj/thumbs`` with OUTPUT ``proj``), is refused before anything is written (:func:`check_output_folder`), and
-an image one of whose output paths is an input file (a link followed with ``follow_symlinks``) is skipped
-(:func:`input_files`, :func:`overwritten_input`). Outputs are written through :func:`writing`, which names the
-file that failed (a full disk) in one line.
+(``proj/thumbs`` with OUTPUT ``proj``), is refused before anything is written
+(:meth:`~wsss.inference.layout.OutputLayout.check_input`), and an image one of whose output paths is an input
+file (a link followed with ``follow_symlinks``) is skipped (:func:`input_files`, :func:`overwritten_input`).
+Outputs are written through :func:`writing`, which names the file that failed (a full disk) in one line.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from PIL import Image
 
 from wsss.data.folder import Skipped, scan_folder
 from wsss.data.paths import followable, inside, safe_relative
 from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
+from wsss.inference.layout import OutputLayout
 from wsss.utils.distributed import all_gather_objects, balanced_shards, rank_and_world
 
 __all__ = [
-    "FULL_DISK", "OUTPUT_KINDS", "OutputError", "Source", "check_output_folder", "followable", "image_pixels",
-    "input_files", "inside", "list_file", "list_folder", "list_split", "output_paths", "overwritten_input",
-    "own_shard", "safe_relative", "writing",
+    "FULL_DISK", "OutputError", "Source", "followable", "image_pixels", "input_files", "inside", "list_file",
+    "list_folder", "list_split", "overwritten_input", "own_shard", "safe_relative", "save_output", "writing",
 ]  # fmt: skip
-
-OUTPUT_KINDS = {
-    "masks": ".png", "labels": ".json", "overlays": ".jpg", "cams": ".jpg", "logits": ".npy", "thumbs": ".jpg",
-    "mask_thumbs": ".png", "class_cams": "", "gt": ".png",
-}  # fmt: skip
-"""The folders under OUTPUT that mirror the input's relative paths, with the suffix of their files; ``class_cams``
-holds a folder per image (one file per class, :func:`wsss.inference.gallery.class_cam_paths`)."""
 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a write to a full disk (or a full quota)."""
@@ -80,25 +75,32 @@ def own_shard(sources: list[Source]) -> list[Source]:
 
 
 def list_folder(
-    root: str | Path, exclude: str | Path | None = None, follow_symlinks: bool = False
+    root: str | Path, output: OutputLayout | None = None, follow_symlinks: bool = False
 ) -> tuple[list[Source], list[Skipped]]:
     """Image files under ``root`` (recursive, sorted; symlinked folders are not entered).
 
     Args:
         root: The input folder.
-        exclude: A folder whose files are never inputs (the output folder, when it lies inside ``root``).
+        output: The output folder, whose files are never inputs when it lies inside ``root``: those of its own
+            folders and run files are left out, any other is skipped.
         follow_symlinks: Also read symlinks to regular files that resolve outside ``root``.
 
     Returns:
-        The images, and the files skipped with their reasons: non-image files, and symlinks resolving
-        outside ``root`` (unless ``follow_symlinks``).
+        The images, and the files skipped with their reasons: non-image files, images in the output folder, and
+        symlinks resolving outside ``root`` (unless ``follow_symlinks``).
     """
     root = Path(root)
     rels, skipped = scan_folder(root)
     sources = []
+    nested = output is not None and inside(output.root, root)
+    if nested:  # the run files and outputs are not inputs
+        skipped = [s for s in skipped if not output.owns(root / s.path)]
     for rel in rels:
         path = root / rel
-        if exclude is not None and inside(path, exclude) and inside(Path(exclude), root):
+        if nested and inside(path, output.root):
+            if not output.owns(path):
+                reason = f"lies in the output folder {output.root}, never read as an input; move it out of OUTPUT"
+                skipped.append(Skipped(rel, reason))
             continue
         if not inside(path, root) and not followable(path, follow_symlinks):
             reason = f"resolves outside the input folder ({os.path.realpath(path)}); --follow-symlinks reads it"
@@ -112,11 +114,13 @@ def list_file(
     root: str | Path, listing: str | Path, follow_symlinks: bool = False
 ) -> tuple[list[Source], list[Skipped]]:
     """Images under ``root`` named by a text file (``--list``): one path per line, relative to ``root`` or absolute
-    inside it; blank lines and lines starting with ``#`` are ignored, Windows separators read as ``/``.
+    inside it; blank lines and lines starting with ``#`` are ignored, Windows separators read as ``/``. Lines end
+    at ``\n`` only (a name may hold any other character, U+2028 included), so line numbers are the editor's.
 
     Lines that are unsafe (climbing out with ``..``, absolute outside ``root``), name no regular file, or resolve
     outside ``root`` (unless ``follow_symlinks`` and a symlink to a regular file) are skipped with a reason
-    naming the line; a path listed twice is read once.
+    naming the line; a path listed twice is read once, and another path to a file already listed (through a
+    symlinked folder, a folder loop) is skipped naming the first.
 
     Raises:
         FileNotFoundError: ``root`` or ``listing`` is missing.
@@ -126,12 +130,12 @@ def list_file(
     if not listing.is_file():
         raise FileNotFoundError(f"--list: file not found: {listing}")
     try:
-        lines = listing.read_text(encoding="utf-8-sig").splitlines()
+        lines = listing.read_text(encoding="utf-8-sig").split("\n")
     except UnicodeDecodeError as err:
         raise ValueError(f"{listing}: --list must be UTF-8 text, one image path per line ({err.reason})") from None
-    sources, skipped, seen = [], [], set()
+    sources, skipped, seen, files = [], [], set(), {}
     for number, line in enumerate(lines, 1):
-        name = line.strip()
+        name = line.strip(" \t\r")
         if not name or name.startswith("#"):
             continue
         where = f"{listing}:{number}"
@@ -149,7 +153,11 @@ def list_file(
             skipped.append(Skipped(rel, f"{where}: {outside}; --follow-symlinks reads it"))
         elif rel not in seen:
             seen.add(rel)
-            sources.append(Source(rel, path))
+            first = files.setdefault(os.path.realpath(path), (rel, number))
+            if first[0] == rel:
+                sources.append(Source(rel, path))
+            else:
+                skipped.append(Skipped(rel, f"{where}: the same file as {first[0]} (line {first[1]}), read once"))
     return sources, skipped
 
 
@@ -181,41 +189,10 @@ def list_split(root: str | Path, split: str, follow_symlinks: bool = False) -> t
     return sources, skipped
 
 
-def output_paths(output: Path, rel: str, kinds: Iterable[str]) -> dict[str, Path]:
-    """Output path of each kind of :data:`OUTPUT_KINDS` (a file, or for ``class_cams`` a folder) for input
-    ``rel``."""
-    stem = PurePosixPath(rel).with_suffix("")
-    return {k: output / k / f"{stem}{OUTPUT_KINDS[k]}" for k in kinds}
-
-
-def check_output_folder(input_path: str | Path, output: str | Path) -> None:
-    """Refuse an output folder where an output could land on an input, before anything is written.
-
-    That is OUTPUT equal to INPUT, or INPUT in (or equal to) one of OUTPUT's :data:`OUTPUT_KINDS` folders, for
-    every kind, not only those this run writes: ``infer CKPT proj/thumbs proj --gallery`` would replace the photos
-    by their thumbnails, ``infer CKPT p/masks p`` the ground truth by predictions. Both folders are compared with
-    symlinks resolved, and a kind folder by identity (a case-insensitive file system). OUTPUT inside INPUT is
-    fine: its files are never read as inputs.
-
-    Raises:
-        ValueError: One line naming both folders.
-    """
-    inp, out = Path(os.path.realpath(input_path)), Path(os.path.realpath(output))
-    if inp == out:
-        raise ValueError(
-            f"the output folder must differ from the input folder (both are {inp}); outputs would overwrite the "
-            "inputs: give another OUTPUT (default: INPUT_pred beside INPUT)"
-        )
-    if not inp.is_relative_to(out):
-        return
-    first = out / inp.relative_to(out).parts[0]
-    kind = next((k for k in OUTPUT_KINDS if first.name == k or ((out / k).exists() and first.samefile(out / k))), None)
-    if kind is not None:
-        raise ValueError(
-            f"the input folder {input_path} lies in {kind}/ of the output folder {output}, where outputs would "
-            f"overwrite the inputs; give an OUTPUT outside {inp} whose {kind}/ is not the input (default: "
-            "INPUT_pred beside INPUT)"
-        )
+def save_output(path: Path, save: Callable[..., None], *args: Any) -> None:
+    """``save(path, *args)``, an OSError raised as :class:`OutputError` naming ``path``."""
+    with writing(path):
+        save(path, *args)
 
 
 def input_files(paths: Iterable[Path]) -> dict[tuple[int, int], Path]:

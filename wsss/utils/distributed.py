@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -68,6 +70,26 @@ def all_gather_objects(obj: Any) -> list[Any]:
         dist.all_gather_object(out, obj)
         return out
     return [obj]
+
+
+def from_rank0(compute: Callable[[], T]) -> T:
+    """``compute()`` run on rank 0 only and its result sent to every rank, so all work on the same value (one listing
+    of a folder that changes while the ranks start). An exception it raises is raised on every rank. Every rank must
+    call it; in one process it is ``compute()``.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return compute()
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = (True, compute())
+        except Exception as err:  # every rank raises it, none waits for a result that never comes
+            box[0] = (False, err)
+    dist.broadcast_object_list(box, src=0)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def barrier() -> None:

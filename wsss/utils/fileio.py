@@ -1,16 +1,22 @@
 """File I/O shared by every stage: atomic writes, robust image reading, mask PNGs.
 
 Everything written goes to a temporary file in the destination folder and is renamed into place, so an
-interrupted run never leaves a half-written output or checkpoint. The temporary file's name
-(``.<name>.<pid>.<random>.tmp``) holds the writer's process id, so the temporaries a killed run left behind
-are told apart from those of a live one (:func:`remove_stale_temporaries`).
+interrupted run never leaves a half-written output or checkpoint. The temporary's name carries a mark only this
+project writes, ``.<name>.wsss-<host>-<pid>-<random>.tmp``: ``<name>`` is the file's name cut to
+:data:`TEMPORARY_NAME_BYTES` bytes (so any name that fits the file system has a temporary that fits too),
+``<host>`` a hash of the writer's host name and ``<pid>`` its process id. :func:`remove_stale_temporaries` deletes
+only files with that mark, written on this host by a process that is gone: a live run's temporaries, another
+host's (on a shared folder) and every other file, whatever its name, are kept. Callers pass it only folders the
+project writes (an inference OUTPUT's own folders, a training work dir), never a user's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -23,8 +29,10 @@ from PIL import Image, ImageOps
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
-_TEMPORARY = re.compile(r"\..+\.(\d+)\.[^.]+\.tmp")
-"""Name of an :func:`atomic_open` temporary; group 1 is the writer's process id."""
+TEMPORARY_NAME_BYTES = 64
+"""Bytes of the destination's name kept in its temporary's name (the rest of the name is at most 40 bytes)."""
+_TEMPORARY = re.compile(r"\..*\.wsss-([0-9a-f]{8})-(\d+)-[a-z0-9_]+\.tmp", re.DOTALL)
+"""Name of an :func:`atomic_open` temporary; group 1 is the writer's host (:func:`host_mark`), group 2 its pid."""
 _COPY_BAND_BYTES = 1 << 24
 """Bytes of decoded pixels copied per band into a new array (bounds the temporary copies of a huge image)."""
 
@@ -34,7 +42,7 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary file beside ``path``; on success rename it onto ``path``, on error delete it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name), suffix=".tmp")
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give outputs the usual permissions
@@ -49,8 +57,21 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[Any]:
         raise
 
 
+def host_mark(host: str | None = None) -> str:
+    """8 hex digits naming ``host`` (default: this machine's host name) in temporaries' names."""
+    return hashlib.sha256((host or socket.gethostname()).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def temporary_prefix(name: str, pid: int | None = None, host: str | None = None) -> str:
+    """The start of the name of :func:`atomic_open`'s temporary for a file ``name`` written by process ``pid``
+    (default: this one) on ``host`` (default: this one); ``tempfile`` adds random letters and ``.tmp``."""
+    short = os.fsdecode(os.fsencode(name)[:TEMPORARY_NAME_BYTES])
+    return f".{short}.wsss-{host_mark(host)}-{os.getpid() if pid is None else pid}-"
+
+
 def remove_stale_temporaries(folder: str | Path, recursive: bool = False) -> list[Path]:
-    """Delete the :func:`atomic_open` temporaries under ``folder`` whose writer process is gone (a killed run's).
+    """Delete the :func:`atomic_open` temporaries under ``folder`` that a process of this host left behind when it
+    was killed; nothing else (see the module docstring). Give only folders the project writes.
 
     Args:
         folder: Where to look (a missing folder holds none).
@@ -59,13 +80,13 @@ def remove_stale_temporaries(folder: str | Path, recursive: bool = False) -> lis
     Returns:
         The deleted files.
     """
-    removed = []
+    removed, here = [], host_mark()
     for dirpath, dirnames, filenames in os.walk(folder):
         if not recursive:
             dirnames.clear()
         for name in filenames:
             match = _TEMPORARY.fullmatch(name)
-            if match and not _process_alive(int(match.group(1))):
+            if match and match.group(1) == here and not _process_alive(int(match.group(2))):
                 path = Path(dirpath) / name
                 path.unlink(missing_ok=True)
                 removed.append(path)
