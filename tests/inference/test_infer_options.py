@@ -131,7 +131,8 @@ def test_max_size_has_a_default_cap_and_zero_means_none(trained, tmp_path, monke
 @pytest.mark.parametrize(
     ("option", "values"),
     [("--scales", ["0"]), ("--scales", ["-1"]), ("--scales", ["1.0", "nan"]), ("--max-size", ["-1"]),
-     ("--batch-size", ["0"]), ("--workers", ["-1"]), ("--crf-workers", ["-2"])],
+     ("--batch-size", ["0"]), ("--workers", ["-1"]), ("--crf-workers", ["-2"]),
+     ("--scales", ["20"]), ("--max-size", ["100000"]), ("--crf-workers", ["100000"])],  # past the config's ceilings
 )  # fmt: skip
 def test_nonsense_options_are_refused(trained, tmp_path, capsys, option, values):  # noqa: F811
     root, ckpt = trained

@@ -80,13 +80,13 @@ import os
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from wsss.config import apply_options
+from wsss.config import ConfigError, apply_options
 from wsss.inference.layout import OutputLayout
 from wsss.inference.loop import CrfJobs, InferenceLoop, LoopSetup
 from wsss.inference.merge import InferenceSummary, RankPart, merge_parts, stopped, write_run_files
@@ -226,6 +226,13 @@ def run_inference(
     check_scales(scales, "--scales" if opts.scales is not None else "infer.scales")
     flip = cfg.infer.flip if opts.flip is None else opts.flip
     max_size = cfg.infer.max_size if opts.max_size is None else opts.max_size
+    workers = cfg.infer.crf.workers if opts.crf_workers is None else opts.crf_workers
+    try:  # the options pass the config's range checks too (the ceilings on scales, max_size and workers)
+        replace(cfg.infer, scales=scales, max_size=max_size, crf=replace(cfg.infer.crf, workers=workers))
+    except ConfigError as err:
+        given = [o for o, v in (("--scales", opts.scales), ("--max-size", opts.max_size),
+                                ("--crf-workers", opts.crf_workers)) if v is not None]  # fmt: skip
+        raise ConfigError(f"{', '.join(given)}: {err}") from None
     listing = list_inputs(input_path, layout, split, list_path, (cfg.data.mask_dir, "SegmentationClass"),
                           opts.follow_symlinks)  # fmt: skip
     settings = {
