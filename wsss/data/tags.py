@@ -9,7 +9,8 @@ Two formats, chosen by the file's extension:
 
 Image paths are relative to the image folder (``data.root``/``data.image_dir``), with any nesting and with
 their extension. One image has one entry: two entries that name one file (``a.jpg`` and ``./a.jpg``, or, given the
-image folder, ``a`` and ``a.jpg``, a link and its target) are refused, naming both lines. The class list is ``background`` followed by the sorted tags unless ``data.classes`` gives it.
+image folder, ``a`` and ``a.jpg``, a link and its target) are refused, naming both lines. The class list is
+``background`` followed by the sorted tags unless ``data.classes`` gives it; a file without any tag is refused.
 Tags are taken as written: ``Disc`` and ``disc`` are two classes (:func:`tag_warnings` names such pairs when
 training starts).
 The split names ``train`` and ``val`` select a fixed partition of the file's images: an image is in ``val``
