@@ -12,6 +12,7 @@ the device, so the scores equal one process's exactly, and rank 0 alone writes `
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from wsss.evaluation.folders import index_masks, iter_mask_pairs, save_metrics_j
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
 from wsss.inference.sources import check_output_folder, output_paths, writing
-from wsss.model_file import read_model_file
+from wsss.model_file import model_settings_warning, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes
 
@@ -73,7 +74,9 @@ def evaluate_checkpoint(
         progress: Progress bars (on rank 0 alone).
 
     Under ``torchrun`` every rank joins the process group, predicts and scores its share and returns the scores of
-    the whole split; rank 0 alone writes ``metrics.json``, once every rank's masks are written.
+    the whole split; rank 0 alone writes ``metrics.json``, once every rank's masks are written. The model is the
+    checkpoint's: where the model settings of ``cfg`` differ from its, a warning on stderr names them
+    (:func:`wsss.model_file.model_settings_warning`).
 
     Raises:
         FileNotFoundError: The checkpoint, the dataset root, the split or the mask folder is missing.
@@ -86,12 +89,16 @@ def evaluate_checkpoint(
     progress = progress and dist_info.is_main
     root = Path(cfg.data.root)
     classes = config_classes(cfg.data)
-    trained = list(read_model_file(checkpoint)["classes"])
+    ckpt = read_model_file(checkpoint)
+    trained = list(ckpt["classes"])
     if trained != classes:
         raise ValueError(
             f"{checkpoint} was trained on classes {trained}, the config names {classes}: "
             "evaluate with the config the checkpoint was trained with"
         )
+    warning = model_settings_warning(cfg, ckpt, checkpoint)
+    if warning and dist_info.is_main:
+        print(warning, file=sys.stderr)
     for folder in (run_dir, out):
         if folder is not None:
             check_output_folder(root, folder)

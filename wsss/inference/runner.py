@@ -367,8 +367,8 @@ def run_inference(
         if opts.crf and todo:  # workers start before the model exists (see CrfPool)
             pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers))
         setup = LoopSetup(
-            segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer), kinds=kinds, scales=scales, flip=flip,
-            max_size=max_size, logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size,
+            segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer, checkpoint), kinds=kinds, scales=scales,
+            flip=flip, max_size=max_size, logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size,
             num_workers=opts.num_workers, progress=opts.progress,
         )  # fmt: skip
         loop = _InferenceLoop(setup, summary, pool)
