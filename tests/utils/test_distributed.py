@@ -35,6 +35,8 @@ def test_the_lost_rank_is_named_by_its_port_or_its_node_by_its_address():
     assert swapped.startswith("lost rank 3 (node 1, host b) during barrier")
     by_node = lost_peer("barrier", GLOO.format("10.0.0.2", 7), 0, 4, places())
     assert by_node.startswith("lost node 1 (host b, rank(s) 2, 3) during barrier")
+    own_node = lost_peer("barrier", GLOO.format("10.0.0.2", 7), 2, 4, places())
+    assert own_node.startswith("lost one of rank(s) 3 of this node (node 1, host b) during barrier")
     assert lost_peer("barrier", GLOO.format("10.9.9.9", 7), 0, 4, places()).startswith(
         "lost another rank (at 10.9.9.9:7) during barrier"
     )

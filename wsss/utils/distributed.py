@@ -4,7 +4,7 @@ uses: training, sharded inference and evaluation.
 A rank or node lost mid-run (killed, out of memory, its machine gone) breaks the next collective of the others:
 gloo says ``Connection closed by peer [IP]:PORT``. The collectives here turn that into :class:`PeerLostError`, one
 line naming the lost rank, or its node: at start every rank records where it runs (:class:`Place`: host, node,
-addresses and listening ports), and the peer's address is looked up among them.
+addresses and socket ports), and the peer's address is looked up among them.
 """
 
 from __future__ import annotations
@@ -158,7 +158,11 @@ def lost_peer(operation: str, backend_error: str, rank: int, world_size: int, pl
         if len(nodes) == 1:
             node = nodes.pop()
             ranks = [r for r in others if places[r].node == node]
-            who = f"node {node} (host {places[ranks[0]].host}, rank(s) {', '.join(map(str, ranks))})"
+            listed = ", ".join(map(str, ranks))
+            if node == places[rank].node:
+                who = f"one of rank(s) {listed} of this node ({places[rank]})"
+            else:
+                who = f"node {node} (host {places[ranks[0]].host}, rank(s) {listed})"
         else:
             who = "another rank" + (f" (at {ip}:{port})" if ip else "")
     return (
