@@ -1,7 +1,7 @@
 import torch
 import torch.nn.functional as F
 
-from wsss.cam import cam_to_label, multiscale_cam
+from wsss.cam import cam_to_label, multiscale_cam, scaled_size
 
 
 class ToyCam:
@@ -95,3 +95,13 @@ def test_cam_to_label():
     assert out.tolist() == [[[1, 0, 0, 0]]]
     assert cam_to_label(cam, labels, bg_thresh=0.45).tolist() == [[[1, 0, 1, 0]]]
     assert cam_to_label(cam, torch.zeros(1, 3), bg_thresh=0.0).tolist() == [[[0, 0, 0, 0]]]
+
+
+def test_a_one_pixel_image_keeps_one_pixel_at_every_scale():
+    """A 1x1 (or 1xN) image at scale 0.5 once asked interpolate for 0 pixels (``Input and output sizes should be
+    greater than 0``, from tools/make_pseudo_labels.py); it stays one pixel high, as inference sizes it."""
+    assert scaled_size(0.5, (1, 10000)) == (1, 5000) and scaled_size(1.5, (3, 4)) == (4, 6)
+    for size in ((1, 1), (1, 9)):
+        images = torch.rand(1, 3, *size)
+        cam = multiscale_cam(lambda x: x[:, :2] + x.shape[-1], images, torch.ones(1, 2), scales=(1.0, 0.5))
+        assert cam.shape == (1, 2, *size) and torch.isfinite(cam).all()

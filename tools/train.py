@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from wsss.engine.optim import NonFiniteLossError
     from wsss.engine.train import train
     from wsss.models.backbone import PretrainedUnavailableError, require_vision_transformer
-    from wsss.utils.distributed import check_launcher
+    from wsss.utils.distributed import PeerLostError, check_launcher
 
     try:
         check_launcher(args.launcher)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except (NonFiniteLossError, NonFiniteWeightsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError, ImportError, PretrainedUnavailableError) as err:  # config, data, weights
+    except (FileNotFoundError, ValueError, ImportError, PretrainedUnavailableError, PeerLostError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if result.is_main:

@@ -22,6 +22,12 @@ NORM_EPS = 1e-5
 """Added to the (max - min) denominator of the per-plane normalisation, as in ToCo."""
 
 
+def scaled_size(scale: float, size: Sequence[int]) -> tuple[int, int]:
+    """``(int(scale * H), int(scale * W))`` of ``size = (H, W)``, each side at least one pixel (a 1x1 image at
+    scale 0.5 stays 1x1): the size of an image at a CAM, inference or training scale."""
+    return max(1, int(scale * size[0])), max(1, int(scale * size[1]))
+
+
 @torch.no_grad()
 def multiscale_cam(
     cam_fn: Callable[[Tensor], Tensor],
@@ -38,8 +44,7 @@ def multiscale_cam(
             was padded to the patch size). Called as is: the caller chooses train/eval mode.
         images: Normalised images ``(B, 3, H, W)``.
         labels: Multi-hot image labels ``(B, C-1)`` (foreground classes only).
-        scales: Image scales; each resized with ``int(s * H), int(s * W)`` (bilinear,
-            ``align_corners=False``).
+        scales: Image scales; each resized to :func:`scaled_size` (bilinear, ``align_corners=False``).
         flip: Also run the horizontal flip of every scale and take the max with the un-flipped map.
 
     Returns:
@@ -49,7 +54,7 @@ def multiscale_cam(
     b, _, h, w = images.shape
     total = None
     for s in scales:
-        size = (int(s * h), int(s * w))
+        size = scaled_size(s, (h, w))
         x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
         if flip:
             x = torch.cat([x, x.flip(-1)], dim=0)

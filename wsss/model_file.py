@@ -10,6 +10,8 @@ read and turned back into a model for every tool.
   read with the project's own key and type checks (no path reaches timm) and the sizes it states are compared with
   the stored weights (:func:`checked_model_config`), so a crafted file opens nothing and allocates no larger model;
   every number of its config is in range (:mod:`wsss.config.validation`), so it starts no unbounded work.
+- :func:`untrained_decoder_warning` and :func:`model_settings_warning`: what a file's model will not do that its user
+  may expect (masks from a decoder that has not trained yet; the model settings of a config that are not used).
 
 Every error is one line naming the file; torch's own message (which suggests loading the file unsafely) is never
 passed on. This module imports only the config, the models and the utilities, so that the training engine, the
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 
-from wsss.config import Config, ConfigError, check_mean_std, from_dict
+from wsss.config import Config, ConfigError, check_mean_std, from_dict, to_dict
 from wsss.models import build_model
 
 __all__ = [
@@ -42,7 +44,9 @@ __all__ = [
     "load_safetensors",
     "load_weights",
     "model_from_checkpoint",
+    "model_settings_warning",
     "read_model_file",
+    "untrained_decoder_warning",
 ]
 
 CHECKSUM_SUFFIX = ".sha256"
@@ -50,6 +54,10 @@ CHECKSUM_SUFFIX = ".sha256"
 
 EXPORT_METADATA_KEYS = ("config", "classes", "mean", "std", "step", "git_commit")
 """The checkpoint entries a safetensors export keeps as JSON in its metadata (beside ``wsss: "1"``)."""
+
+TRAINING_ONLY_MODEL_KEYS = ("pretrained", "load_from", "hub_timeout", "drop_path_rate", "freeze_pos_embed", "head_init")
+"""The ``model.*`` settings that only shape training (the start weights, regularisation, what trains): a model
+rebuilt from its weights is the same whatever they are."""
 
 _SAFETENSORS_HEADER_START = 8
 """A safetensors file: an 8-byte little-endian header length, then the JSON header (``{`` first)."""
@@ -327,3 +335,45 @@ def _compare_shapes(skeleton: torch.nn.Module, weights: dict[str, torch.Tensor],
             f"{source}: its weights do not fit the model its config builds ({'; '.join(problems[:3])}{more}); "
             "nothing was built; was the file edited or made by another wsss version?"
         )
+
+
+def untrained_decoder_warning(ckpt: dict[str, Any], source: str | Path) -> str | None:
+    """A ``warning: ...`` line when ``ckpt`` was saved before its decoder trained (``step <= loss.seg_start_iter``:
+    the segmentation loss weighs 0 on iterations ``0 .. seg_start_iter - 1``), so its masks mean nothing; else None.
+    """
+    step, start = ckpt.get("step"), config_from_checkpoint(ckpt).loss.seg_start_iter
+    if not isinstance(step, int) or step > start:
+        return None
+    return (
+        f"warning: {source} was saved at iteration {step}, before its decoder trained (from loss.seg_start_iter = "
+        f"{start} on): its masks mean nothing; use a checkpoint saved after iteration {start}, or its CAMs "
+        "(tools/infer.py --cams, tools/eval_cams.py)"
+    )
+
+
+def model_settings_warning(cfg: Config, ckpt: dict[str, Any], source: str | Path) -> str | None:
+    """A ``warning: ...`` line naming each ``model.*`` setting of ``cfg`` that differs from the one ``ckpt`` was
+    trained with (the model is rebuilt from the checkpoint, so ``cfg``'s are not used), or None when they agree.
+    The settings of :data:`TRAINING_ONLY_MODEL_KEYS` are not compared."""
+    ours, theirs = (_flat(to_dict(c)["model"], "model") for c in (cfg, config_from_checkpoint(ckpt)))
+    ignored = tuple(f"model.{key}" for key in TRAINING_ONLY_MODEL_KEYS)
+    differ = [
+        f"{key} {ours.get(key)!r} in the config, {theirs.get(key)!r} in the checkpoint"
+        for key in sorted(ours.keys() | theirs.keys())
+        if not key.startswith(ignored) and ours.get(key) != theirs.get(key)
+    ]
+    if not differ:
+        return None
+    return (
+        f"warning: the config's model settings differ from those {source} was trained with, and the model is rebuilt "
+        f"from the checkpoint's: {'; '.join(differ)}"
+    )
+
+
+def _flat(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"PREFIX.a.b": 1}``."""
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}"
+        out.update(_flat(value, name) if isinstance(value, dict) else {name: value})
+    return out

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from wsss.cam import scaled_size
 from wsss.par import PAR
 
 
@@ -87,7 +88,7 @@ def refine_cam_stacks(
         (background), ``k + 1`` for the present classes ``k`` in ascending order, -1 for padding.
     """
     b, _, h, w = cams.shape
-    size = (int(scale * h), int(scale * w))
+    size = scaled_size(scale, (h, w))
     small_images = F.interpolate(images.float(), size=size, mode="bilinear", align_corners=False)
     small_cams = F.interpolate(cams.float(), size=size, mode="bilinear", align_corners=False)
 
@@ -126,7 +127,8 @@ def refine_cams_with_par(
         labels: Multi-hot image labels ``(B, C-1)``; only present classes can be predicted.
         bg_values: Background plane values, one label map each (the PAR affinity is shared).
         par: The refinement module.
-        scale: Resolution of the refinement relative to the crop (size ``int(scale * H)``).
+        scale: Resolution of the refinement relative to the crop (:func:`wsss.cam.scaled_size`: ``int(scale * H)``,
+            at least 1).
         max_present: The largest number of classes present in one image of the batch, when the caller knows
             it without asking the device (counted on the host's labels: the training step); None counts it
             from ``labels``, which waits for the device.

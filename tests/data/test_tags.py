@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import tiny_tagged_config
+from tools import check_dataset as check_cli
+from wsss.config import dump_config
+from wsss.data.check import check_dataset
 from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels, tag_warnings
 from wsss.data.voc import TaggedValDataset, VOCClsDataset, val_dataset
 from wsss.engine.train import train
@@ -155,3 +158,52 @@ def test_training_logs_the_tag_warnings(tiny_tagged, tmp_path, capsys):
     rare = "1 class(es) are tagged on fewer than data.min_class_images=5 images, too few to learn them: 'Cat' (1)"
     assert near in log and rare in log
     assert near in capsys.readouterr().out
+
+
+def test_two_entries_for_one_file_are_refused_naming_both_lines(tiny_tagged, tmp_path):
+    """``img.jpg,disc`` then ``./img.jpg,ring`` once trained the image as ``ring`` alone, and check_dataset passed."""
+    tags = tiny_tagged / "tags.csv"
+    rows = tags.read_text().splitlines()
+    assert rows[1] == "set0/a1.jpg,cat"
+    cfg = tiny_tagged_config(tiny_tagged)
+    for alias, first in (("./set0/a1.jpg", "set0/a1.jpg"), ("set0//a1.jpg", "set0/a1.jpg"), ("set0/a1", "set0/a1.jpg")):
+        tags.write_text("\n".join([rows[0], f"{first},cat", *rows[2:4], f"{alias},dog", *rows[4:]]) + "\n")
+        if alias == "set0/a1":  # the same file only once the image folder is known
+            assert read_tags(tags)["set0/a1"] == ["dog"]
+        else:
+            with pytest.raises(ValueError, match=rf"line 5: image '{alias}' is listed twice \(first as '{first}' on "
+                               "line 2"):  # fmt: skip
+                read_tags(tags)
+        with pytest.raises(ValueError, match=rf"^{tags} line 5: image '{alias}' is listed twice"):
+            VOCClsDataset(cfg.data, MEAN, STD)
+        assert [(p.path, p.reason.split(" (")[0]) for p in check_dataset(cfg.data, progress=False)] == [
+            (f"{tags}:5", f"image '{alias}' is listed twice")
+        ]
+    tags.write_text("\n".join([rows[0], "set0/a1.jpg,cat", "set0/a2.jpg,cat", *rows[3:]]) + "\n")
+    (tiny_tagged / "set0" / "a2.jpg").unlink()
+    (tiny_tagged / "set0" / "a2.jpg").symlink_to("a1.jpg")  # a link and its target are one file
+    with pytest.raises(ValueError, match=r"line 3: image 'set0/a2.jpg' is listed twice \(first as 'set0/a1.jpg'"):
+        VOCClsDataset(cfg.data, MEAN, STD)
+    path = tmp_path / "tags.json"
+    path.write_text('{"a.jpg": ["disc"], "./a.jpg": ["ring"]}')
+    with pytest.raises(ValueError, match=r"image './a.jpg' is listed twice \(first as 'a.jpg'; one file"):
+        read_tags(path)
+    path.write_text('{"a.jpg": ["disc"], "a.jpg": ["ring"]}')  # a repeated JSON key is not the last one winning
+    with pytest.raises(ValueError, match=r"image 'a.jpg' is listed twice"):
+        read_tags(path)
+
+
+def test_a_tags_file_without_any_tag_is_a_problem(tiny_tagged, tmp_path, capsys):
+    tags = tiny_tagged / "tags.csv"
+    rows = tags.read_text().splitlines()
+    tags.write_text("\n".join([rows[0], *(f"{row.split(',')[0]}," for row in rows[1:])]) + "\n")
+    cfg = tiny_tagged_config(tiny_tagged)
+    problems = check_dataset(cfg.data, progress=False)
+    assert [p.path for p in problems] == [str(tags)]
+    assert problems[0].reason.startswith("none of its 12 image(s) has a tag, so every image would be learnt as")
+    dump_config(cfg, tmp_path / "cfg.py")
+    assert check_cli.main([str(tmp_path / "cfg.py"), "--no-progress"]) == 1
+    assert "no problems found" not in capsys.readouterr().out
+    cfg.data.classes = ["background", "cat", "dog"]
+    with pytest.raises(ValueError, match=rf"^{tags}: none of its 12 image\(s\) has a tag"):
+        VOCClsDataset(cfg.data, MEAN, STD)

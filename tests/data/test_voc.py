@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import albumentations as A
 import numpy as np
 import pytest
 import torch
@@ -179,3 +180,23 @@ def test_classes_list_in_config_sets_class_count(tiny_voc):
     assert len(ds.classes) == 4
     with pytest.raises(FileNotFoundError, match="class list file not found"):
         VOCSegDataset(cfg_for(tiny_voc, classes="nope.txt"), MEAN, STD)
+
+
+def test_tiny_and_thin_images_train_with_at_least_one_pixel_per_side():
+    """A 1x1 or 10000x1 training image scaled below 1 once asked OpenCV for 0 pixels (``cv2.error``); each side now
+    keeps one pixel, and an ordinary image gets the pixels of albumentations' own RandomScale (the same draw)."""
+    cfg = DataConfig(crop_size=16, scale_range=(0.5, 0.9), color_jitter_prob=0, grayscale_prob=0, blur_prob=0)
+    aug = TrainAugment(cfg, (0.0,) * 3, (1.0,) * 3)
+    for (h, w), seen in (((1, 1), (1, 1)), ((1, 10000), (1, 16)), ((3000, 1), (16, 1))):
+        s = aug(np.full((h, w, 3), 255, np.uint8), np.ones((h, w), np.uint8), seed=0)
+        y0, y1, x0, x1 = s.box
+        assert (y1 - y0, x1 - x0) == seen and s.image.shape == (16, 16, 3)
+        assert (s.image[y0:y1, x0:x1] == 1.0).all() and (s.mask[y0:y1, x0:x1] == 1).all()
+        assert (s.mask == 255).sum() == 16 * 16 - seen[0] * seen[1]
+    reference = A.Compose([A.RandomScale(scale_limit=(-0.5, -0.1), p=1.0)])
+    ours = A.Compose([aug.transform.transforms[0]])
+    image = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    for seed in range(5):
+        reference.set_random_seed(seed)
+        ours.set_random_seed(seed)
+        assert np.array_equal(reference(image=image)["image"], ours(image=image)["image"])

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import tiny_config
+from tools import infer as infer_cli
 from tools import test as test_cli
 from wsss.config import dump_config
 from wsss.engine.train import train
@@ -112,3 +114,47 @@ def test_refuses_a_config_of_other_classes(trained, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "trained on classes ['background', 'cat', 'dog']" in err
     assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()
+
+
+def test_model_settings_of_the_config_that_the_checkpoint_overrides_are_named(trained, tmp_path, capsys):
+    """tools/test.py rebuilds the model from the checkpoint: a config with other model settings (toy_vanilla.py on a
+    centered checkpoint) once scored without a word; one warning line now names each setting that is not used."""
+    cfg_file, ckpt = trained
+    args = [str(cfg_file), str(ckpt), "--device", "cpu", "--work-dir", str(tmp_path / "w")]
+    assert test_cli.main(args) == 0
+    assert "warning" not in capsys.readouterr().err
+    changed = ["model.attention.name=vanilla", "model.decoder_channels=32", "model.drop_path_rate=0.0"]
+    assert test_cli.main([*args, "--cfg-options", *changed]) == 0  # drop-path shapes training only: not named
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        f"warning: the config's model settings differ from those {ckpt} was trained with, and the model is rebuilt "
+        "from the checkpoint's: model.attention.name 'vanilla' in the config, 'centered' in the checkpoint; "
+        "model.decoder_channels 32 in the config, 16 in the checkpoint"
+    ]
+
+
+def test_a_checkpoint_saved_before_the_decoder_trained_is_named(tiny_voc, tmp_path, capsys):
+    """Iteration 2 of a run whose decoder starts at loss.seg_start_iter = 2 (0-based): its masks once came out
+    without a word from tools/test.py, tools/infer.py and Segmenter; each now warns once and points to the CAMs."""
+    cfg = tiny_config(tiny_voc, max_iters=2, ckpt_interval=2)
+    assert cfg.loss.seg_start_iter == 2
+    cfg_file = tmp_path / "cfg.py"
+    dump_config(cfg, cfg_file)
+    ckpt = train(cfg, work_dir=tmp_path / "work", device="cpu").checkpoint
+    capsys.readouterr()
+    warning = (
+        f"warning: {ckpt} was saved at iteration 2, before its decoder trained (from loss.seg_start_iter = 2 on): "
+        "its masks mean nothing; use a checkpoint saved after iteration 2, or its CAMs (tools/infer.py --cams, "
+        "tools/eval_cams.py)"
+    )
+    runs = [
+        lambda: test_cli.main([str(cfg_file), str(ckpt), "--device", "cpu", "--work-dir", str(tmp_path / "w")]),
+        lambda: infer_cli.main([str(ckpt), str(tiny_voc / "JPEGImages"), str(tmp_path / "out"), "--device", "cpu",
+                                "--workers", "0", "--no-progress"]),  # fmt: skip
+        lambda: Segmenter.from_checkpoint(ckpt, "cpu") and 0,
+    ]
+    for run in runs:
+        assert run() == 0
+        assert [line for line in capsys.readouterr().err.splitlines() if "warning" in line] == [warning]
+    Segmenter.from_checkpoint(torch.load(ckpt, weights_only=True) | {"step": 3}, "cpu")
+    assert "warning" not in capsys.readouterr().err

@@ -22,7 +22,7 @@ from wsss.data.transforms import normalize
 from wsss.data.voc import read_split
 from wsss.engine.step import pseudo_label_targets
 from wsss.inference.crf import crf_labels
-from wsss.inference.pseudo_export import DENSE_DIR, PSEUDO_DIR
+from wsss.inference.pseudo_export import DENSE_DIR, PSEUDO_DIR, pseudo_masks
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint
 from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks, refine_cams_with_par
@@ -84,6 +84,21 @@ def test_masks_equal_the_training_steps_pseudo_labels(exported):
         np.testing.assert_array_equal(read_mask(out / DENSE_DIR / f"{image_id}.png"), single[0, 0].numpy())
         seen |= set(np.unique(targets.label).tolist())
     assert {0, 255} < seen and len(seen) > 3  # background, uncertain and several classes: a mix-up shows
+
+
+def test_one_pixel_high_images_get_masks(toy_checkpoint):
+    """A 1x1 or 1x40 image at cam.scales 0.5 (and par.scale 0.5) once ended in ``RuntimeError: Input and output
+    sizes should be greater than 0``; each now gets its two masks, as large as the image."""
+    _, ckpt = toy_checkpoint
+    model, raw_ckpt = model_from_checkpoint(ckpt)
+    cfg = config_from_checkpoint(raw_ckpt)
+    assert 0.5 in cfg.cam.scales and cfg.par.scale == 0.5
+    mean, std = tuple(raw_ckpt["mean"]), tuple(raw_ckpt["std"])
+    for size in ((1, 1), (1, 40), (40, 1)):
+        image = normalize(np.full((*size, 3), 90, np.uint8), mean, std)[None]
+        labels = torch.ones(1, len(raw_ckpt["classes"]) - 1)
+        certain, dense = pseudo_masks(model.eval(), image, labels, cfg, mean, std, PAR.from_config(cfg.par))
+        assert certain.shape == dense.shape == size and dense.max() < len(raw_ckpt["classes"])
 
 
 def test_crf_refines_each_stack_before_the_thresholds_combine(toy_checkpoint, tmp_path):

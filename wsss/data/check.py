@@ -6,8 +6,8 @@ label file (entries 0/1, one per foreground class, every training id present), e
 splits (a plain relative path: not absolute, no ``..``; see :mod:`wsss.data.paths`), every image (exists,
 inside the root, a regular file, decodes, within ``data.max_image_pixels``) and every mask (present for val,
 inside the root, same size as its image, values in ``[0, C)`` or the ignore index). For the tags layout: the
-tags file (readable, its classes those of ``data.classes`` when given), its ids, both parts of its split
-non-empty and every image as above; there are no masks.
+tags file (readable, one entry per image file, a tag on some image, its classes those of ``data.classes`` when
+given), its ids, both parts of its split non-empty and every image as above; there are no masks.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from wsss.data.classes import load_classes
 from wsss.data.folder import Skipped
 from wsss.data.labels import check_mask_values, load_labels, under_root
 from wsss.data.paths import UnsafePathError, line_of, safe_relative
-from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels
-from wsss.data.voc import image_file, mask_file, read_split, resolve_root, resolve_split
+from wsss.data.tags import hash_split, read_tags, require_a_tag, tag_classes, tag_labels
+from wsss.data.voc import find_image, image_file, mask_file, read_split, resolve_root, resolve_split
 from wsss.utils.fileio import read_image, read_mask
 
 __all__ = ["check_dataset"]
@@ -73,12 +73,13 @@ def _tag_splits(root: Path, cfg: DataConfig, problems: list[Skipped]) -> list[tu
     """The clean ids of the two parts of the tags file (its problems go to ``problems``)."""
     tags_file = under_root(root, cfg.label_file)
     try:
-        tags = read_tags(tags_file)
+        tags = read_tags(tags_file, lambda image_id: find_image(root, image_id, cfg.image_dir))
         ids = _clean_ids(list(tags), tags_file, root / cfg.image_dir, problems)
         tags = {safe_relative(k): v for k, v in tags.items() if safe_relative(k) is not None}
         tag_labels(tags, tag_classes(tags) if cfg.classes is None else _classes(root, cfg), tags_file)
+        require_a_tag(tags, tags_file)
     except (FileNotFoundError, ValueError) as err:
-        problems.append(Skipped(str(tags_file), str(err)))
+        problems.append(_located(str(err), tags_file))
         return []
     train, val = hash_split(sorted(ids), cfg.val_fraction)
     for name, part in (("train", train), ("val", val)):
@@ -86,6 +87,16 @@ def _tag_splits(root: Path, cfg: DataConfig, problems: list[Skipped]) -> list[tu
             reason = f"no image falls in the '{name}' part at data.val_fraction={cfg.val_fraction}"
             problems.append(Skipped(str(tags_file), reason))
     return [("train", train, False), ("val", val, False)]
+
+
+def _located(message: str, file: Path) -> Skipped:
+    """A problem of ``file`` from an error message: ``FILE line N: reason`` as (``FILE:N``, reason), ``FILE:
+    reason`` as (``FILE``, reason)."""
+    where, _, reason = message.partition(": ")
+    line = where.removeprefix(f"{file} line ")
+    if line.isdigit():
+        return Skipped(f"{file}:{line}", reason)
+    return Skipped(str(file), reason if where == str(file) else message)
 
 
 def _classes(root: Path, cfg: DataConfig) -> list[str]:

@@ -8,7 +8,9 @@ Two formats, chosen by the file's extension:
 - JSON (``.json``): ``{"image": ["tag", ...], ...}``.
 
 Image paths are relative to the image folder (``data.root``/``data.image_dir``), with any nesting and with
-their extension. The class list is ``background`` followed by the sorted tags unless ``data.classes`` gives it.
+their extension. One image has one entry: two entries that name one file (``a.jpg`` and ``./a.jpg``, or, given the
+image folder, ``a`` and ``a.jpg``, a link and its target) are refused, naming both lines. The class list is
+``background`` followed by the sorted tags unless ``data.classes`` gives it; a file without any tag is refused.
 Tags are taken as written: ``Disc`` and ``disc`` are two classes (:func:`tag_warnings` names such pairs when
 training starts).
 The split names ``train`` and ``val`` select a fixed partition of the file's images: an image is in ``val``
@@ -23,23 +25,32 @@ import re
 import string
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from wsss.data.labels import multi_hot
+from wsss.data.paths import safe_relative
 
-__all__ = ["hash_split", "read_tags", "tag_classes", "tag_labels", "tag_warnings"]
+__all__ = ["hash_split", "read_tags", "require_a_tag", "tag_classes", "tag_labels", "tag_warnings"]
 
 _SEPARATORS = re.compile(r"[,;\s]+")
 
 
-def read_tags(path: str | Path) -> dict[str, list[str]]:
-    """``{image path: [tag, ...]}`` from a CSV or JSON tags file.
+def read_tags(path: str | Path, find: Callable[[str], Path | None] | None = None) -> dict[str, list[str]]:
+    """``{image path: [tag, ...]}`` from a CSV or JSON tags file; a plain relative path is cleaned
+    (:func:`wsss.data.paths.safe_relative`: ``./a.jpg`` is ``a.jpg``), any other is kept as written.
+
+    Args:
+        path: The tags file.
+        find: Maps a clean image path to its file (None if there is none); given, two entries whose files are one
+            (same device and inode) are refused too.
 
     Raises:
         FileNotFoundError: The file is missing.
-        ValueError: The file is malformed (the message names the file, the line and the fix).
+        ValueError: The file is malformed, or lists one image twice (the message names the file, the lines and
+            the fix).
     """
     path = Path(path)
     if not path.is_file():
@@ -48,18 +59,63 @@ def read_tags(path: str | Path) -> dict[str, list[str]]:
             "data.label_file to it."
         )
     if path.suffix.lower() == ".csv":
-        tags = _read_csv(path)
+        entries = _read_csv(path)
     elif path.suffix.lower() == ".json":
-        tags = _read_json(path)
+        entries = _read_json(path)
     else:
         raise ValueError(f"{path}: a tags file must end in .csv or .json")
-    if not tags:
+    if not entries:
         raise ValueError(f"{path}: lists no image")
+    return _one_entry_per_image(path, entries, find)
+
+
+_Entry = tuple[str, list[str], int | None]
+"""One entry of a tags file: the image as written, its tags, and its line (None in JSON)."""
+
+
+def _one_entry_per_image(
+    path: Path, entries: list[_Entry], find: Callable[[str], Path | None] | None
+) -> dict[str, list[str]]:
+    """``{clean image path: sorted tags}``, refusing a second entry for one image (see :func:`read_tags`)."""
+    tags: dict[str, list[str]] = {}
+    seen: dict[object, tuple[str, int | None]] = {}  # clean path or (device, inode) -> (image as written, line)
+    for image, names, line in entries:
+        where = f"{path}" if line is None else f"{path} line {line}"
+        if not image:
+            raise ValueError(f"{where}: empty image path")
+        clean = safe_relative(image)
+        keys: list[object] = [clean or image]
+        identity = _identity(find(clean)) if find is not None and clean is not None else None
+        if identity is not None:
+            keys.append(identity)
+        for key in keys:
+            if key in seen:
+                first, first_line = seen[key]
+                first_at = "" if first_line is None else f" on line {first_line}"
+                raise ValueError(
+                    f"{where}: image '{image}' is listed twice (first as '{first}'{first_at}; one file has one "
+                    "entry): give all its tags in the first and remove this one"
+                )
+            seen[key] = (image, line)
+        tags[clean or image] = sorted(set(names))
     return tags
 
 
-def _read_csv(path: Path) -> dict[str, list[str]]:
-    tags: dict[str, list[str]] = {}
+def _identity(file: Path | None) -> tuple[int, int] | None:
+    """(device, inode) of ``file`` (links followed), None if it is None or cannot be looked at."""
+    try:
+        stat = file.stat() if file is not None else None
+    except OSError:
+        return None
+    return None if stat is None else (stat.st_dev, stat.st_ino)
+
+
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs, a repeated key kept."""
+
+
+def _read_csv(path: Path) -> list[_Entry]:
+    entries: list[_Entry] = []
     line = 1  # where the row being read starts
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
@@ -70,7 +126,7 @@ def _read_csv(path: Path) -> dict[str, list[str]]:
             line = reader.line_num + 1
             for row in reader:
                 if any(c.strip() for c in row):
-                    _add_row(tags, row, f"{path} line {line}")
+                    entries.append(_row_entry(row, f"{path} line {line}", line))
                 line = reader.line_num + 1
     except csv.Error as err:
         raise ValueError(
@@ -79,7 +135,7 @@ def _read_csv(path: Path) -> dict[str, list[str]]:
         ) from None
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err.reason}); save it as UTF-8") from None
-    return tags
+    return entries
 
 
 def _csv_problem(err: csv.Error) -> str:
@@ -89,34 +145,35 @@ def _csv_problem(err: csv.Error) -> str:
     return f"not readable as CSV ({err})"
 
 
-def _add_row(tags: dict[str, list[str]], row: list[str], where: str) -> None:
-    """Add one CSV row: the image, then tags in any of its other fields, split at commas, ``;`` and spaces."""
+def _row_entry(row: list[str], where: str, line: int) -> _Entry:
+    """One CSV row: the image, then tags in any of its other fields, split at commas, ``;`` and spaces."""
     if len(row) < 2:
         raise ValueError(f"{where}: expected the image, a comma, then its tags ('image,' for an image without tags)")
-    _add(tags, row[0].strip(), [t for field in row[1:] for t in _SEPARATORS.split(field) if t], where)
+    return row[0].strip(), [t for field in row[1:] for t in _SEPARATORS.split(field) if t], line
 
 
-def _read_json(path: Path) -> dict[str, list[str]]:
+def _read_json(path: Path) -> list[_Entry]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_Pairs)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(data, dict):
+    if not isinstance(data, _Pairs):
         raise ValueError(f"{path}: expected a JSON object {{image: [tags]}}")
-    tags: dict[str, list[str]] = {}
-    for image, names in data.items():
+    entries: list[_Entry] = []
+    for image, names in data:
         if not isinstance(names, list) or not all(isinstance(t, str) and t.strip() for t in names):
             raise ValueError(f"{path}: the tags of '{image}' must be a list of non-empty strings, got {names!r}")
-        _add(tags, image.strip(), [t.strip() for t in names], f"{path}")
-    return tags
+        entries.append((image.strip(), [t.strip() for t in names], None))
+    return entries
 
 
-def _add(tags: dict[str, list[str]], image: str, names: list[str], where: str) -> None:
-    if not image:
-        raise ValueError(f"{where}: empty image path")
-    if image in tags:
-        raise ValueError(f"{where}: image '{image}' is listed twice; give all its tags in one entry")
-    tags[image] = sorted(set(names))
+def require_a_tag(tags: dict[str, list[str]], path: str | Path) -> None:
+    """Raise ValueError naming ``path`` and the fix when no image of ``tags`` has a tag (nothing to learn)."""
+    if not any(tags.values()):
+        raise ValueError(
+            f"{path}: none of its {len(tags)} image(s) has a tag, so every image would be learnt as background "
+            "only; write each image's tags (in CSV after the comma that follows the image)"
+        )
 
 
 def tag_classes(tags: dict[str, list[str]]) -> list[str]:

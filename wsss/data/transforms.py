@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import albumentations as A
+import albumentations.augmentations.geometric.functional as fgeometric
 import cv2
 import numpy as np
 import torch
 
+from wsss.cam import scaled_size
 from wsss.config import DataConfig
 
 
@@ -52,6 +55,23 @@ class Sample:
     """(4,) int64 ``[y0, y1, x0, x1]`` (end exclusive): where the crop holds image pixels."""
 
 
+class RandomScaleKeepingPixels(A.RandomScale):
+    """``A.RandomScale`` (the same random draw, the same pixels) whose output keeps at least one pixel per side:
+    an image of 1x1 or 10000x1 pixels scaled by 0.5 is 1x1 or 5000x1, as :func:`wsss.cam.scaled_size` sizes the
+    CAM and inference scales, where albumentations asks OpenCV for 0 pixels (``cv2.error`` in resize)."""
+
+    def apply(self, img: np.ndarray, scale: float, **params: Any) -> np.ndarray:
+        return self._scale(img, scale, self.interpolation)
+
+    def apply_to_mask(self, mask: np.ndarray, scale: float, **params: Any) -> np.ndarray:
+        return self._scale(mask, scale, self.mask_interpolation)
+
+    @staticmethod
+    def _scale(array: np.ndarray, scale: float, interpolation: int) -> np.ndarray:
+        height, width = scaled_size(scale, array.shape[:2])
+        return fgeometric.resize(array, (height, width), interpolation)
+
+
 class TrainAugment:
     """Training augmentation in the reference's order (docs/design.md section 3), reproducible from an integer seed.
 
@@ -69,7 +89,7 @@ class TrainAugment:
         b, c, s, h = cfg.color_jitter
         self.transform = A.Compose(
             [
-                A.RandomScale(
+                RandomScaleKeepingPixels(
                     scale_limit=(lo - 1.0, hi - 1.0),
                     interpolation=cv2.INTER_LINEAR,
                     mask_interpolation=cv2.INTER_NEAREST,

@@ -26,7 +26,7 @@ from wsss.config import DataConfig, check_ignore_index
 from wsss.data.classes import load_classes
 from wsss.data.labels import check_mask_values, load_labels, under_root
 from wsss.data.paths import UnsafePathError, confined, line_of, safe_relative
-from wsss.data.tags import hash_split, read_tags, tag_classes, tag_labels
+from wsss.data.tags import hash_split, read_tags, require_a_tag, tag_classes, tag_labels
 from wsss.data.transforms import TrainAugment, normalize
 from wsss.utils.fileio import IMAGE_EXTENSIONS, read_image, read_mask
 
@@ -141,7 +141,8 @@ class _VOCBase(Dataset):
         self.tags = None
         if cfg.layout == "tags":
             tags_file = self._resolve(cfg.label_file)
-            tags = read_tags(tags_file)
+            tags = read_tags(tags_file, lambda image_id: find_image(self.root, image_id, cfg.image_dir))
+            require_a_tag(tags, tags_file)
             ids = confined_ids(list(tags), tags_file, self.root / cfg.image_dir)
             self.tags = dict(zip(ids, tags.values(), strict=True))
         if cfg.classes is None and self.tags is not None:

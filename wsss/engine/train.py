@@ -43,7 +43,14 @@ from wsss.evaluation.metrics import format_table
 from wsss.model_file import read_model_file
 from wsss.models import WSSSModel, build_model
 from wsss.models.builder import load_initial_weights
-from wsss.utils.distributed import DistInfo, all_gather_objects, all_reduce_mean, barrier, init_distributed
+from wsss.utils.distributed import (
+    DistInfo,
+    all_gather_objects,
+    all_reduce_mean,
+    barrier,
+    collective,
+    init_distributed,
+)
 from wsss.utils.lifetime import die_with_parent
 
 
@@ -147,7 +154,8 @@ def iteration(
     on the device if the guard tripped), the schedule, the loss meter. Nothing here waits for the device."""
     loss, terms = step(model, raw_model, batch, it)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    with collective("the gradients' all-reduce"):  # DDP's, in the backward pass
+        loss.backward()
     guard.update(loss, it)
     optimizer.step()
     scheduler.step()

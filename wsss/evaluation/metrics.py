@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from wsss.evaluation.constants import METRICS
+from wsss.utils.distributed import collective
 
 
 @dataclass
@@ -184,7 +185,8 @@ class ConfusionMatrix:
         counts = self.counts
         if dist.get_backend() == "nccl" and counts.device.type != "cuda":
             counts = counts.cuda()
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+        with collective("the confusion matrices' all-reduce"):
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM)
         self.counts.copy_(counts)
         return self
 

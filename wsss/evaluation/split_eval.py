@@ -14,6 +14,7 @@ the device, so the scores equal one process's exactly, and rank 0 alone writes `
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from wsss.evaluation.voc_submission import ARCHIVE_NAME, Submission, write_archi
 from wsss.inference.layout import OutputLayout
 from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
 from wsss.inference.sources import writing
-from wsss.model_file import read_model_file
+from wsss.model_file import model_settings_warning, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
 
@@ -95,7 +96,9 @@ def evaluate_checkpoint(
 
     Under ``torchrun`` every rank joins the process group, predicts and scores its share and returns the scores of
     the whole split; rank 0 alone writes ``metrics.json`` (with ``format_only``: the archive and ``submission.json``,
-    once every rank has copied its share of the masks), once every rank's masks are written.
+    once every rank has copied its share of the masks), once every rank's masks are written. The model is the
+    checkpoint's: where the model settings of ``cfg`` differ from its, a warning on stderr names them
+    (:func:`wsss.model_file.model_settings_warning`).
 
     Raises:
         FileNotFoundError: The checkpoint, the dataset root, the split or the mask folder is missing.
@@ -118,6 +121,9 @@ def evaluate_checkpoint(
             f"{checkpoint} was trained on classes {trained}, the config names {classes}: "
             "evaluate with the config the checkpoint was trained with"
         )
+    warning = model_settings_warning(cfg, model_file, checkpoint)
+    if warning and dist_info.is_main:
+        print(warning, file=sys.stderr)
     for folder in (run_dir, out):
         if folder is not None:
             OutputLayout(folder).check_input(root)

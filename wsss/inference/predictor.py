@@ -36,6 +36,7 @@ float logits, only the uint8 mask.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,9 @@ from torch import Tensor
 from wsss.config import Config, InferConfig
 from wsss.data.transforms import normalize
 from wsss.inference.crf import crf_labels
-from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
+from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file, untrained_decoder_warning
 from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
+from wsss.utils.distributed import rank_and_world
 from wsss.utils.fileio import image_to_rgb, read_image
 
 __all__ = ["BandResize", "Prediction", "Segmentation", "Segmenter", "as_rgb", "row_bands"]
@@ -286,10 +288,15 @@ class Segmenter:
         path: str | Path | dict[str, Any],
         device: str | torch.device | None = None,
         infer: InferConfig | None = None,
+        source: str | Path | None = None,
     ) -> Segmenter:
         """Rebuild the model from a wsss checkpoint (``.pth``), an export of ``tools/export.py --safetensors``,
         or what :func:`~wsss.model_file.read_model_file` returned. ``device`` defaults to CUDA when
-        available; ``infer``, the inference settings, to the checkpoint's ``infer.*``.
+        available; ``infer``, the inference settings, to the checkpoint's ``infer.*``; ``source`` names a loaded
+        checkpoint in messages.
+
+        A checkpoint saved before its decoder trained predicts meaningless masks: a warning on stderr says so (on
+        rank 0 of a process group; :func:`~wsss.model_file.untrained_decoder_warning`).
 
         Raises:
             FileNotFoundError: The file is missing.
@@ -299,7 +306,11 @@ class Segmenter:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         ckpt = path if isinstance(path, dict) else read_model_file(path)
-        model, _ = model_from_checkpoint(ckpt, device, source=None if isinstance(path, dict) else path)
+        source = source or (None if isinstance(path, dict) else path)
+        model, _ = model_from_checkpoint(ckpt, device, source=source)
+        warning = untrained_decoder_warning(ckpt, source or "the checkpoint")
+        if warning and rank_and_world()[0] == 0:
+            print(warning, file=sys.stderr)
         cfg: Config = config_from_checkpoint(ckpt)
         return cls(model, ckpt["classes"], ckpt["mean"], ckpt["std"], cfg.infer if infer is None else infer)
 

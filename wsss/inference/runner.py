@@ -255,7 +255,8 @@ def run_inference(
     with ExitStack() as stack:  # the CRF workers start before the model exists (see CrfPool)
         crf = CrfJobs(stack, cfg.infer.crf, opts.crf_workers, opts.batch_size) if opts.crf and todo else None
         setup = LoopSetup(
-            segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer), output=layout.root, scales=scales,
+            segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer, checkpoint), output=layout.root,
+            scales=scales,
             flip=flip, max_size=max_size, logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size,
             num_workers=opts.num_workers, progress=opts.progress, cams="cams" in layout.kinds,
         )  # fmt: skip

@@ -1,7 +1,7 @@
 """Test-time augmentation: multi-scale + flip segmentation logits, classifier logits and CAMs of a batch.
 
 DESIGN.md section 3, "inference" (docs/design.md): per scale ``s`` the image is resized to
-``(int(s * H), int(s * W))`` (bilinear, ``align_corners=False``, the rule of :func:`wsss.cam.multiscale_cam`),
+:func:`wsss.cam.scaled_size` (bilinear, ``align_corners=False``, the rule of :func:`wsss.cam.multiscale_cam`),
 run batched with its horizontal flip, the stride-16 logits are brought to the scaled image's extent with
 :func:`~wsss.models.segmentor.maps_to_pixels` (exact patch alignment, padding cropped), resized to ``(H, W)``,
 the flipped half un-flipped, and the two summed; the result is the elementwise max over scales.
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from wsss.cam import normalize_cams
+from wsss.cam import normalize_cams, scaled_size
 from wsss.models.segmentor import maps_to_pixels
 
 __all__ = ["TTAOutput", "predict_logits", "predicted_classes", "tta_forward"]
@@ -39,10 +39,6 @@ class TTAOutput:
     cam: Tensor | None = None
 
 
-def _scaled_size(scale: float, size: Sequence[int]) -> tuple[int, int]:
-    return max(1, int(scale * size[0])), max(1, int(scale * size[1]))
-
-
 @torch.no_grad()
 def tta_forward(
     model: torch.nn.Module,
@@ -58,7 +54,7 @@ def tta_forward(
             ``model.stride``, ``logits`` and, for ``cams``, ``features`` for ``model.classifier.cam``), in
             eval mode.
         images: (B, 3, H, W) normalised images.
-        scales: Image scales; the size at scale ``s`` is ``(int(s * H), int(s * W))``.
+        scales: Image scales; the size at scale ``s`` is :func:`wsss.cam.scaled_size`.
         flip: Also run every scale's horizontal flip (batched with it) and sum the un-flipped logits.
         cams: Also compute the CAMs from the same passes.
 
@@ -72,7 +68,7 @@ def tta_forward(
     cls_sum = 0.0
     passes = 0
     for s in scales:
-        size = _scaled_size(s, (h, w))
+        size = scaled_size(s, (h, w))
         x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
         if flip:
             x = torch.cat([x, x.flip(-1)], dim=0)
