@@ -267,3 +267,21 @@ def test_an_input_inside_a_gallery_folder_is_refused(tmp_path):
         (tmp_path / kind / "photos").mkdir(parents=True)
         with pytest.raises(ValueError, match=f"lies in {kind}/ of the output folder"):
             check_output_folder(tmp_path / kind / "photos", tmp_path)
+
+
+def test_mask_thumbnails_follow_a_mask_that_was_rewritten(trained, tmp_path):  # noqa: F811
+    """--overwrite with settings that change the masks: each mask thumbnail is that of the new mask, byte for byte
+    what a fresh run with the new settings writes, not the first run's."""
+    root, ckpt = trained
+    common = [str(root / "JPEGImages"), "--gallery", "--no-progress", "--workers", "0", "--scales", "1.0"]
+    every_class, top1 = ["--cfg-options", "infer.cls_thresh=0.0"], ["--cfg-options", "infer.cls_thresh=1.0"]
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    assert infer_cli.main([str(ckpt), common[0], str(out), *common[1:], *every_class]) == 0
+    first = {p.name: p.read_bytes() for p in (out / "mask_thumbs").iterdir()}
+    assert infer_cli.main([str(ckpt), common[0], str(out), *common[1:], *top1, "--overwrite"]) == 0
+    assert infer_cli.main([str(ckpt), common[0], str(fresh), *common[1:], *top1]) == 0
+    rewritten = {p.name: p.read_bytes() for p in (out / "mask_thumbs").iterdir()}
+    assert rewritten == {p.name: p.read_bytes() for p in (fresh / "mask_thumbs").iterdir()}
+    assert len(first) == 6 and sum(first[name] != rewritten[name] for name in first) >= 3  # the masks did change
+    for name in first:  # and each thumbnail shows its mask's classes
+        assert set(np.unique(read_mask(out / "mask_thumbs" / name))) <= set(np.unique(read_mask(out / "masks" / name)))
