@@ -145,8 +145,8 @@ def score_masks(
         progress: Show a progress bar.
 
     Raises:
-        ValueError: An id without ground truth or without a prediction, a size mismatch, or ground-truth labels
-            outside [0, C) that are not ignored (on every rank, naming the files).
+        ValueError: An id without ground truth or without a prediction, an unreadable mask, a size mismatch, or
+            ground-truth labels outside [0, C) that are not ignored (the same line on every rank, naming the files).
     """
     gts, preds = index_masks(gt_dir), index_masks(masks)
     for found, folder, what in ((gts, gt_dir, "ground truth"), (preds, masks, "prediction")):
@@ -157,14 +157,21 @@ def score_masks(
     rank, world = rank_and_world()
     share = ids[rank::world]
     cm = ConfusionMatrix(len(classes), ignore_index, device=device)
-    bad_gt = []
+    bad_gt, unreadable = [], None
     loaded = iter_mask_pairs(((i, preds[i], gts[i]) for i in share), num_workers)
-    for key, pred, gt in tqdm(loaded, total=len(share), desc="eval", unit="img", disable=not progress):
-        counts = cm.count(pred, gt)
-        if counts[len(classes)].any():
-            bad_gt.append(str(gts[key]))
-        cm.merge(counts)
-    bad_gt = [path for part in all_gather_objects(bad_gt) for path in part]  # every rank raises, or none does
+    try:
+        for key, pred, gt in tqdm(loaded, total=len(share), desc="eval", unit="img", disable=not progress):
+            counts = cm.count(pred, gt)
+            if counts[len(classes)].any():
+                bad_gt.append(str(gts[key]))
+            cm.merge(counts)
+    except ValueError as err:  # a mask unreadable or of another size: this rank's share stops there
+        unreadable = str(err)
+    parts = all_gather_objects((bad_gt, unreadable))  # every rank raises the same error, or none does
+    first = next((part[1] for part in parts if part[1] is not None), None)
+    if first is not None:
+        raise ValueError(first)
+    bad_gt = [path for part in parts for path in part[0]]
     if bad_gt:
         raise ValueError(
             f"{len(bad_gt)} ground-truth masks have labels outside [0, {len(classes)}) other than {ignore_index}: "
