@@ -224,3 +224,26 @@ def test_a_bad_ground_truth_on_one_rank_raises_the_same_line_on_every_rank(tiny_
     assert said[0] == said[1], (said, proc.stderr[-2000:])
     assert said[0].startswith("ValueError: ") and "\n" not in said[0] and str(broken) in said[0], said[0]
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_ground_truth_on_one_rank_stops_the_cam_eval_of_every_rank(checkpoint, tmp_path, workers):
+    """tools/eval_cams.py on 2 ranks (decoding in the main process or in loader workers) where rank 1's mask is
+    not an image: each rank prints the same one error line naming it and exits 2, neither waits for the other."""
+    state = torch.load(checkpoint[1], weights_only=True)
+    root = Path(state["config"]["data"]["root"])
+    state["config"]["data"]["num_workers"] = workers
+    ckpt = tmp_path / "decoding_in_workers.pth"
+    torch.save(state, ckpt)
+    broken = root / "SegmentationClass" / "a2.png"  # split train: a1 a2 b1, rank 1 scores a2
+    broken.write_bytes(b"not a png")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "tools/eval_cams.py",
+           str(ckpt), *CAM_OPTS, "--out", str(tmp_path / "out"), "--launcher", "pytorch"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    line = f"error: {broken}: not a readable mask (cannot identify image file '{broken}')"
+    assert proc.stderr.count("error: ") == proc.stderr.count(line) == 2, proc.stderr[-3000:]  # the ranks may
+    assert "Connection closed" not in proc.stderr and "Original Traceback" not in proc.stderr  # interleave lines
+    assert not (tmp_path / "out" / "cam_eval.json").exists()

@@ -25,7 +25,7 @@ from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
 from wsss.inference.sources import check_output_folder, output_paths, writing
 from wsss.model_file import read_model_file
-from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, rank_and_world
+from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes
 
 
@@ -167,11 +167,8 @@ def score_masks(
             cm.merge(counts)
     except ValueError as err:  # a mask unreadable or of another size: this rank's share stops there
         unreadable = str(err)
-    parts = all_gather_objects((bad_gt, unreadable))  # every rank raises the same error, or none does
-    first = next((part[1] for part in parts if part[1] is not None), None)
-    if first is not None:
-        raise ValueError(first)
-    bad_gt = [path for part in parts for path in part[0]]
+    raise_on_every_rank(unreadable)
+    bad_gt = [path for part in all_gather_objects(bad_gt) for path in part]  # every rank raises, or none does
     if bad_gt:
         raise ValueError(
             f"{len(bad_gt)} ground-truth masks have labels outside [0, {len(classes)}) other than {ignore_index}: "

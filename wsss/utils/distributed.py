@@ -70,6 +70,15 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return [obj]
 
 
+def raise_on_every_rank(error: str | None) -> None:
+    """Raise ``ValueError`` on every rank when any rank passes an ``error`` (the first in rank order), so that no
+    rank is left waiting in a collective for one that stopped. Every rank must call it (a no-op in one process
+    without an error)."""
+    errors = [e for e in all_gather_objects(error) if e is not None]
+    if errors:
+        raise ValueError(errors[0])
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
