@@ -273,7 +273,7 @@ def test_mask_thumbnails_follow_a_mask_that_was_rewritten(trained, tmp_path):  #
     """--overwrite with settings that change the masks: each mask thumbnail is that of the new mask, byte for byte
     what a fresh run with the new settings writes, not the first run's."""
     root, ckpt = trained
-    common = [str(root / "JPEGImages"), "--gallery", "--no-progress", "--workers", "0", "--scales", "1.0"]
+    common = [str(root), "--split", "val", "--gallery", "--no-progress", "--workers", "0", "--scales", "1.0"]
     every_class, top1 = ["--cfg-options", "infer.cls_thresh=0.0"], ["--cfg-options", "infer.cls_thresh=1.0"]
     out, fresh = tmp_path / "out", tmp_path / "fresh"
     assert infer_cli.main([str(ckpt), common[0], str(out), *common[1:], *every_class]) == 0
@@ -282,6 +282,6 @@ def test_mask_thumbnails_follow_a_mask_that_was_rewritten(trained, tmp_path):  #
     assert infer_cli.main([str(ckpt), common[0], str(fresh), *common[1:], *top1]) == 0
     rewritten = {p.name: p.read_bytes() for p in (out / "mask_thumbs").iterdir()}
     assert rewritten == {p.name: p.read_bytes() for p in (fresh / "mask_thumbs").iterdir()}
-    assert len(first) == 6 and sum(first[name] != rewritten[name] for name in first) >= 3  # the masks did change
+    assert len(first) == 2 and all(first[name] != rewritten[name] for name in first)  # the masks did change
     for name in first:  # and each thumbnail shows its mask's classes
         assert set(np.unique(read_mask(out / "mask_thumbs" / name))) <= set(np.unique(read_mask(out / "masks" / name)))
