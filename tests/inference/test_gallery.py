@@ -4,6 +4,7 @@ thumbnail per present class, the ground-truth column, a layout that fits 1400 px
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
@@ -285,3 +286,20 @@ def test_mask_thumbnails_follow_a_mask_that_was_rewritten(trained, tmp_path):  #
     assert len(first) == 2 and all(first[name] != rewritten[name] for name in first)  # the masks did change
     for name in first:  # and each thumbnail shows its mask's classes
         assert set(np.unique(read_mask(out / "mask_thumbs" / name))) <= set(np.unique(read_mask(out / "masks" / name)))
+
+
+def test_a_mask_thumbnail_follows_its_mask_whatever_the_file_times(tmp_path):
+    """A mask replaced by one with an older time (a backup restored with its times, ``cp -p``) or the same time (a
+    coarse-clock file system) still gets its own thumbnail; an unchanged mask's thumbnail is not rewritten."""
+    fake_run(tmp_path, ["a.jpg"], [two_class_mask(left=1, right=2)], {"a.jpg": [1, 2]})
+    write_gallery(tmp_path, ["a.jpg"], {}, classes=CLASSES)
+    thumb, mask = tmp_path / "mask_thumbs" / "a.png", tmp_path / "masks" / "a.png"
+    kept = thumb.stat()
+    write_gallery(tmp_path, ["a.jpg"], {}, classes=CLASSES)
+    assert (thumb.stat().st_ino, thumb.stat().st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns)
+    for when, classes in ((kept.st_mtime_ns - 10**9, (3, 1)), (kept.st_mtime_ns, (2, 3))):
+        save_mask(mask, two_class_mask(left=classes[0], right=classes[1]), voc_palette())
+        os.utime(mask, ns=(when, when))
+        write_gallery(tmp_path, ["a.jpg"], {}, classes=CLASSES)
+        shown = read_mask(thumb)
+        assert (shown[:, 0].tolist(), shown[:, -1].tolist()) == ([classes[0]] * 10, [classes[1]] * 10)
