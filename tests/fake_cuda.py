@@ -17,6 +17,11 @@ What raises, and where the rule comes from:
   from ``cuda`` to the CPU (``.cpu()``, ``.tolist()``). Without ``no_sync`` they run and give real values, as
   validation and inference read results back on purpose.
 - ``.numpy()`` of a ``cuda`` tensor, as on a GPU.
+- The device checks of CUDA kernels that FakeTensor's meta kernels leave out (:data:`CUDA_ONLY_ARGS`, with the
+  messages of ATen's ``TORCH_CHECK``): a CPU tensor indexed with ``cuda`` indices (``x[i]``, ``x[i] = v``; ATen's
+  ``index`` and ``index_put_``: indices on the CPU or on the indexed tensor's device; a ``cuda`` tensor indexed
+  with CPU indices is allowed, as on a GPU), and the AMP kernels (``_amp_foreach_non_finite_check_and_unscale_``,
+  ``_amp_update_scale_``) with their ``found_inf``, ``inv_scale`` or scale tensors on the CPU.
 
 Autocast: ``torch.autocast("cuda")`` checks that CUDA is available; inside :func:`fake_cuda` it is told so, and
 the ``cuda`` tensors carry the AutocastCUDA dispatch key, so the CUDA autocast op lists apply to them.
@@ -51,6 +56,14 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 CUDA = torch.device("cuda", 0)
 SYNC_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+INDEXING = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default,
+            torch.ops.aten._index_put_impl_.default)  # fmt: skip
+CUDA_ONLY_ARGS = {
+    torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default: ("self", "found_inf", "inv_scale"),
+    torch.ops.aten._amp_update_scale_.default: ("self", "growth_tracker", "found_inf"),
+}
+"""CUDA kernels whose named tensor arguments must be ``cuda`` tensors (AmpKernels.cu: "found_inf must be a CUDA
+tensor."); FakeTensor's device rule exempts them, as it exempts every 0-dim CPU tensor."""
 
 
 class HostSyncError(RuntimeError):
@@ -127,6 +140,7 @@ class FakeCudaMode(TorchDispatchMode):
                 return FakeTensor(self.fake_mode, meta, x.device)
             return x
 
+        _check_cuda_kernel_devices(func, args, kwargs)
         reads_device = any(tag in func.tags for tag in SYNC_TAGS)
         real_kwargs = {k: "cpu" if k == "device" and _is_cuda(v) else to_real(v) for k, v in kwargs.items()}
         fake_args, fake_kwargs = tree_map(to_fake, args), tree_map(to_fake, kwargs)
@@ -158,6 +172,25 @@ class FakeCudaMode(TorchDispatchMode):
         if isinstance(real_out, (tuple, list)):
             return type(real_out)(pair(r, f) for r, f in zip(real_out, fake_out, strict=True))
         return pair(real_out, fake_out)
+
+
+def _check_cuda_kernel_devices(func, args, kwargs) -> None:
+    """Raise as the CUDA kernel of ``func`` would on the devices of its arguments (:data:`INDEXING`,
+    :data:`CUDA_ONLY_ARGS`); the CPU kernels and FakeTensor's meta kernels do not check these."""
+    if func in INDEXING:
+        self, indices = args[0], args[1]
+        if not isinstance(self, CudaTensor) and any(isinstance(i, CudaTensor) for i in indices if i is not None):
+            raise RuntimeError(
+                f"indices should be either on cpu or on the same device as the indexed tensor ({self.device})"
+            )
+    names = CUDA_ONLY_ARGS.get(func)
+    if names is not None:
+        schema = [a.name for a in func._schema.arguments]
+        bound = {**dict(zip(schema, args, strict=False)), **kwargs}  # defaults left out
+        for name in names:
+            tensors = bound[name] if isinstance(bound[name], (list, tuple)) else [bound[name]]
+            if not all(isinstance(t, CudaTensor) for t in tensors):
+                raise RuntimeError(f"{func}: {name} must be a CUDA tensor.")
 
 
 def graph_backward(self: torch.Tensor, gradient: torch.Tensor | None = None, **_: object) -> None:

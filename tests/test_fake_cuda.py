@@ -109,3 +109,50 @@ def test_graph_backward_equals_the_autograd_engine_on_the_cpu():
     w.grad = b.grad = None
     graph_backward(loss())
     torch.testing.assert_close((w.grad, b.grad), want, rtol=0, atol=0)
+
+
+def test_indexing_a_cpu_tensor_with_cuda_indices_raises_as_on_a_gpu():
+    """ATen's index and index_put_ take indices on the CPU or on the indexed tensor's device: a CPU tensor indexed
+    with cuda indices raises on a GPU (the CPU and meta kernels do not check it), a cuda tensor indexed with CPU
+    indices runs."""
+    values = torch.arange(10.0).view(2, 5)
+    with fake_cuda():
+        index = torch.tensor([0, 3], device="cuda")
+        ops = (  # index, index_put_, and index_put_ through setitem
+            lambda: values[:, index],
+            lambda: values.clone().index_put_((index,), torch.tensor(1.0)),
+            lambda: values.clone().__setitem__((slice(None), index), 7.0),
+        )
+        for op in ops:
+            with pytest.raises(RuntimeError, match=r"indices should be either on cpu or on the same device as the "
+                                                   r"indexed tensor \(cpu\)"):  # fmt: skip
+                op()
+        on_cuda = values.to("cuda")
+        assert torch.equal(on_cuda[:, index.cpu()].cpu(), values[:, [0, 3]])  # CPU indices into a cuda tensor
+        assert torch.equal(on_cuda[:, index].cpu(), values[:, [0, 3]])
+
+
+@pytest.mark.parametrize("where", ["found_inf", "inv_scale", "grads"])
+def test_the_amp_non_finite_check_needs_every_tensor_on_cuda(where):
+    """``_amp_foreach_non_finite_check_and_unscale_`` (GradScaler's unscale, the training's non-finite guard) raises
+    on a GPU when ``found_inf`` or ``inv_scale`` is a CPU tensor, 0-dim or not (AmpKernels.cu), although FakeTensor
+    lets a 0-dim CPU tensor meet cuda ones; with every tensor on cuda it gives the CPU kernel's flag."""
+    grads = [torch.tensor([1.0, float("inf")]), torch.ones(3)]
+    found, inv_scale = torch.zeros(()), torch.ones(())
+    with fake_cuda():
+        on_cuda = {
+            "grads": [g.to("cuda") for g in grads],
+            "found_inf": found.to("cuda"),
+            "inv_scale": inv_scale.to("cuda"),
+        }
+        args = {**on_cuda, where: grads if where == "grads" else on_cuda[where].cpu()}
+        with pytest.raises(RuntimeError, match="must be a CUDA tensor"):
+            torch._amp_foreach_non_finite_check_and_unscale_(args["grads"], args["found_inf"], args["inv_scale"])
+        found_cuda = on_cuda["found_inf"]
+        torch._amp_foreach_non_finite_check_and_unscale_(on_cuda["grads"], found_cuda, on_cuda["inv_scale"])
+        assert found_cuda.cpu().item() == 1.0
+        scale, tracker = torch.full((), 4.0, device="cuda"), torch.zeros((), dtype=torch.int32, device="cuda")
+        with pytest.raises(RuntimeError, match="found_inf must be a CUDA tensor"):
+            torch._amp_update_scale_(scale, tracker, found_cuda.cpu(), 2.0, 0.5, 10)
+        torch._amp_update_scale_(scale, tracker, found_cuda, 2.0, 0.5, 10)
+        assert scale.cpu().item() == 2.0  # backed off: the flag was set

@@ -15,7 +15,7 @@ from wsss.config import dump_config
 from wsss.data.check import check_dataset
 from wsss.data.paths import UnsafePathError, safe_relative
 from wsss.data.transforms import backbone_mean_std
-from wsss.data.voc import TaggedValDataset, VOCClsDataset, VOCSegDataset
+from wsss.data.voc import TaggedValDataset, VOCClsDataset, VOCSegDataset, image_file, mask_file
 from wsss.inference.sources import list_split
 from wsss.utils.fileio import read_image
 
@@ -110,6 +110,32 @@ def test_symlinks_out_of_the_root_need_follow_symlinks(tiny_voc, tmp_path):
     mask.symlink_to(tmp_path / "private" / "b2.png")
     with pytest.raises(UnsafePathError, match="b2.png resolves outside"):
         VOCSegDataset(tiny_config(tiny_voc).data, *MEAN_STD)
+
+
+def test_follow_symlinks_follows_links_to_files_not_links_to_folders(tiny_voc, tmp_path):
+    """data.follow_symlinks=True reads an image or mask that is itself a symlink leading out of the root; a file
+    reached through a symlinked folder leading out (JPEGImages/ext -> elsewhere) stays refused, as documented."""
+    outside = tmp_path / "outside"
+    (outside / "images").mkdir(parents=True)
+    (outside / "masks").mkdir()
+    for image_id in ("a1", "a2"):
+        (tiny_voc / "JPEGImages" / f"{image_id}.jpg").rename(outside / "images" / f"{image_id}.jpg")
+        (tiny_voc / "SegmentationClass" / f"{image_id}.png").rename(outside / "masks" / f"{image_id}.png")
+    (tiny_voc / "JPEGImages" / "a1.jpg").symlink_to(outside / "images" / "a1.jpg")  # links to files
+    (tiny_voc / "SegmentationClass" / "a1.png").symlink_to(outside / "masks" / "a1.png")
+    (tiny_voc / "JPEGImages" / "ext").symlink_to(outside / "images")  # links to folders
+    (tiny_voc / "SegmentationClass" / "ext").symlink_to(outside / "masks")
+    cfg = tiny_config(tiny_voc).data
+    cfg.follow_symlinks = True
+    assert image_file(tiny_voc, "a1", cfg) == tiny_voc / "JPEGImages" / "a1.jpg"
+    assert mask_file(tiny_voc, "a1", cfg) == tiny_voc / "SegmentationClass" / "a1.png"
+    with pytest.raises(UnsafePathError, match=r"ext/a2.jpg resolves outside .*outside/images/a2.jpg"):
+        image_file(tiny_voc, "ext/a2", cfg)
+    with pytest.raises(UnsafePathError, match=r"ext/a2.png resolves outside .*outside/masks/a2.png"):
+        mask_file(tiny_voc, "ext/a2", cfg)
+    (tiny_voc / "ImageSets" / "Segmentation" / "val.txt").write_text("a1\next/a2\n")
+    with pytest.raises(UnsafePathError, match=r"ext/a2.jpg resolves outside"):
+        VOCSegDataset(cfg, *MEAN_STD)
 
 
 def test_check_dataset_reads_the_tags_layout(tiny_tagged, tmp_path, capsys):

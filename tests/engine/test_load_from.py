@@ -131,3 +131,26 @@ def test_pretrained_given_a_wsss_model_file_points_to_load_from(source, kind):
     message = str(err.value)
     assert "\n" not in message and str(source[kind]) in message, message
     assert f"model.load_from={source[kind]}" in message and "missing keys" not in message, message
+
+
+@pytest.mark.parametrize("change", ["reordered", "renamed"])
+def test_the_same_number_of_other_classes_starts_the_class_heads_afresh(source, tmp_path, change):
+    """A checkpoint whose classes are as many as the run's but in another order or with another name: its class
+    heads' rows mean other classes, so they start afresh (the rest is loaded), and the log names them."""
+    state = load_checkpoint(source["checkpoint"])
+    classes = list(TOY_CLASSES)
+    state["classes"] = [classes[0], *classes[:0:-1]] if change == "reordered" else [*classes[:-1], "something"]
+    assert len(state["classes"]) == len(classes) and state["classes"] != classes
+    other = tmp_path / "other_classes.pth"
+    torch.save(state, other)
+    cfg = frozen(toy_config(source["root"], 1, load_from=str(other)))
+    result = train(cfg, work_dir=tmp_path / "w", device="cpu")
+    tuned = load_checkpoint(result.checkpoint)["model"]
+    torch.manual_seed(cfg.train.seed)
+    fresh = build_model(with_model(cfg, load_from="").model, num_classes=len(classes)).state_dict()
+    heads = [k for k in tuned if k.startswith(tuple(f"{h}." for h in CLASS_HEADS))]
+    assert len(heads) == 3
+    for k, v in tuned.items():
+        expected = fresh[k] if k in heads else state["model"][k]
+        assert torch.allclose(v, expected, atol=1e-6), k
+    assert "re-initialised classifier, aux_classifier, decoder.cls" in (tmp_path / "w" / "log.txt").read_text()

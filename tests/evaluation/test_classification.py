@@ -35,3 +35,20 @@ def test_multilabel_scores_by_hand():
 def test_no_positive_gives_nan():
     scores = multilabel_scores(np.zeros((2, 2)), np.zeros((2, 2)), 0.5)
     assert math.isnan(scores["cls_mAP"]) and math.isnan(scores["cls_F1"])
+
+
+@pytest.mark.parametrize("absent", [0, 1], ids=["first", "middle"])
+def test_each_ap_is_named_after_its_class_when_a_class_before_it_has_no_positive(absent):
+    """The APs of the classes with a positive image keep their own names when an earlier class has none (a
+    names-against-APs zip that skips no class would shift every name after it)."""
+    probs = np.array([[0.9, 0.8, 0.3], [0.2, 0.7, 0.6], [0.4, 0.1, 0.8]])
+    targets = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    targets[:, absent] = 0  # no val image of this class
+    names = ["aero", "bike", "bird"]
+    want = {}
+    for k in range(3):  # by hand: class 0 ranks image 0 first (AP 1); class 1 ranks 0, 1 (AP 1/2); class 2: 2 (AP 1)
+        if k != absent:
+            want[f"AP_{names[k]}"] = pytest.approx(100 * (0.5 if k == 1 else 1.0))
+    scores = multilabel_scores(probs, targets, 0.5, names=names)
+    assert {k: v for k, v in scores.items() if k.startswith("AP_")} == want
+    assert f"AP_{names[absent]}" not in scores

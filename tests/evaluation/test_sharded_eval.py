@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import TINY_CLASSES
 from tools import eval_cams as eval_cams_cli
@@ -147,3 +149,77 @@ def test_score_masks_equals_evaluate_folders_and_names_what_is_wrong(tiny_voc, t
         score_masks(pred_dir, gt_dir, ["a1", "zz"], TINY_CLASSES, 255, "cpu", 0, False)
     with pytest.raises(ValueError, match=r"1 ground-truth masks have labels outside \[0, 2\) other than 255: .*b1.png"):
         score_masks(pred_dir, gt_dir, ["a1", "b1"], TINY_CLASSES[:2], 255, "cpu", 0, False)  # b1 holds a dog (2)
+
+
+EVAL_RANK = """
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from wsss.evaluation.split_eval import score_masks
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+pred, gt, out = (Path(a) for a in sys.argv[1:4])
+try:
+    score_masks(pred, gt, ["a1", "a2", "b1"], sys.argv[4:], 255, "cpu", 0, False)
+    said = "no error"
+except Exception as err:  # what this rank raised
+    said = f"{type(err).__name__}: {err}"
+(out / f"rank{dist.get_rank()}.txt").write_text(said)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", ["labels", "size", "unreadable"])
+def test_a_bad_ground_truth_on_one_rank_raises_the_same_line_on_every_rank(tiny_voc, tmp_path, bad):
+    """Sharded scoring (2 ranks) where rank 1's one ground-truth mask holds a label outside the classes, has
+    another size than its prediction, or is not an image: both ranks raise the same one-line ValueError naming the
+    file, and neither waits for the other (the job ends; a rank left in the sum would hang or die in gloo)."""
+    gt_dir, pred_dir, out = tmp_path / "gt", tmp_path / "pred", tmp_path / "said"
+    out.mkdir()
+    shutil.copytree(tiny_voc / "SegmentationClass", gt_dir)
+    for image_id in ("a1", "a2", "b1"):
+        save_mask(pred_dir / f"{image_id}.png", np.where(read_mask(gt_dir / f"{image_id}.png") == 255, 0, 1))
+    broken = gt_dir / "a2.png"  # ids[1::2]: rank 1's share
+    if bad == "labels":
+        save_mask(broken, np.full_like(read_mask(broken), 7))
+    elif bad == "size":
+        save_mask(broken, read_mask(broken)[:-3])
+    else:
+        broken.write_bytes(b"not a png")
+    script = tmp_path / "eval_rank.py"
+    script.write_text(EVAL_RANK)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           str(pred_dir), str(gt_dir), str(out), *TINY_CLASSES]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    said = [(out / f"rank{r}.txt").read_text() if (out / f"rank{r}.txt").is_file() else None for r in (0, 1)]
+    assert said[0] == said[1], (said, proc.stderr[-2000:])
+    assert said[0].startswith("ValueError: ") and "\n" not in said[0] and str(broken) in said[0], said[0]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_ground_truth_on_one_rank_stops_the_cam_eval_of_every_rank(checkpoint, tmp_path, workers):
+    """tools/eval_cams.py on 2 ranks (decoding in the main process or in loader workers) where rank 1's mask is
+    not an image: each rank prints the same one error line naming it and exits 2, neither waits for the other."""
+    state = torch.load(checkpoint[1], weights_only=True)
+    root = Path(state["config"]["data"]["root"])
+    state["config"]["data"]["num_workers"] = workers
+    ckpt = tmp_path / "decoding_in_workers.pth"
+    torch.save(state, ckpt)
+    broken = root / "SegmentationClass" / "a2.png"  # split train: a1 a2 b1, rank 1 scores a2
+    broken.write_bytes(b"not a png")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "tools/eval_cams.py",
+           str(ckpt), *CAM_OPTS, "--out", str(tmp_path / "out"), "--launcher", "pytorch"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    line = f"error: {broken}: not a readable mask (cannot identify image file '{broken}')"
+    assert proc.stderr.count("error: ") == proc.stderr.count(line) == 2, proc.stderr[-3000:]  # the ranks may
+    assert "Connection closed" not in proc.stderr and "Original Traceback" not in proc.stderr  # interleave lines
+    assert not (tmp_path / "out" / "cam_eval.json").exists()

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from wsss.config import InferConfig
 from wsss.data.transforms import normalize
@@ -75,3 +78,49 @@ def test_the_mask_holds_the_classes_mask_classes_allows(toy_checkpoint):
         masked = seg.clone()
         masked[[k for k in range(len(restricted.classes)) if k not in allowed]] = -torch.inf
         np.testing.assert_array_equal(result.mask, masked.argmax(0).numpy())
+
+
+class FullWidthTensors(TorchDispatchMode):
+    """Records the (rows, columns) of every tensor an op returns whose last dimension is ``width`` (a map at the
+    image's own width: a band, or the whole image)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width, self.sizes = width, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == self.width:
+                self.sizes.append(tuple(t.shape[-2:]))
+        return out
+
+
+def test_a_huge_image_is_brought_back_in_bands_within_the_pixel_budget(toy_checkpoint, tmp_path):
+    """An image far over max_size**2 pixels: no tensor at the image's width, in the model input made from it nor in
+    the mask, CAMs, probabilities, overlays and logits brought back to its size, holds more rows than a band of
+    max_size**2 pixels allows (the Segmenter and run_inference alike); the outputs cover every row."""
+    from wsss.inference.runner import InferenceOptions, run_inference
+    from wsss.utils.fileio import read_image, read_mask, save_image
+
+    root, ckpt = toy_checkpoint
+    small = Image.open(root / "JPEGImages" / "val_00000.jpg")
+    height, width, max_size = 900, 701, 64
+    path = tmp_path / "in" / "huge.png"
+    path.parent.mkdir()
+    save_image(path, np.asarray(small.resize((width, height))))
+    raw = read_image(path)
+    budget_rows = max_size**2 // width  # 5 rows of 701 pixels: 3505 <= 4096
+    segmenter = Segmenter.from_checkpoint(ckpt, "cpu")
+    with FullWidthTensors(width) as seen:
+        result = segmenter(raw, scales=(1.0, 0.5), flip=True, max_size=max_size, cams=True)
+        every_class = torch.ones(len(segmenter.classes), dtype=torch.bool)
+        probs = segmenter.predict([raw], (1.0,), False, max_size).probabilities(0, every_class)  # the CRF's input
+    assert result.mask.shape == (height, width) and probs.shape[1:] == (height, width) and result.cams
+    assert seen.sizes and max(rows for rows, _ in seen.sizes) == budget_rows
+    opts = InferenceOptions(scales=(1.0,), flip=False, overlay=True, cams=True, logits=True, max_size=max_size,
+                            num_workers=0, progress=False)  # fmt: skip
+    with FullWidthTensors(width) as seen:
+        summary = run_inference(ckpt, path.parent, tmp_path / "out", options=opts)
+    assert summary.done == 1 and read_mask(tmp_path / "out" / "masks" / "huge.png").shape == (height, width)
+    assert seen.sizes and max(rows for rows, _ in seen.sizes) == budget_rows

@@ -84,3 +84,30 @@ def test_the_evaluator_counts_on_cuda_as_on_the_cpu():
         result = gpu.compute()
     assert torch.equal(counts, cpu.counts)
     assert result.summary == cpu.compute().summary
+
+
+def test_a_downscaled_image_brought_back_in_bands_equals_the_cpu(toy_checkpoint):
+    """max_size below the image size: the model input made from uint8 bands, and the mask, the CRF's probabilities
+    and the CAMs brought back to full size a band of rows at a time (BandResize on the device), as on the CPU."""
+    root, ckpt = toy_checkpoint
+    raw = read_image(root / "JPEGImages" / "val_00001.jpg")
+    max_size = max(raw.shape[:2]) // 3
+    assert max_size**2 < raw.shape[0] * raw.shape[1] // 4  # several bands
+    cpu = Segmenter.from_checkpoint(ckpt, device="cpu")
+    expected = cpu.predict([raw], SCALES, True, max_size, cams=True)
+    keep = cpu.mask_classes(expected.out.cls_logits[0])
+    present = keep[1:].clone()
+    with fake_cuda():
+        segmenter = Segmenter.from_checkpoint(ckpt, device="cuda")
+        on_cuda = segmenter(raw, scales=SCALES, flip=True, max_size=max_size, cams=True)
+        pred = segmenter.predict([raw], SCALES, True, max_size, cams=True)
+        assert pred.out.seg.device.type == "cuda" and pred.out.seg.shape[-2:] != raw.shape[:2]
+        probs = pred.probabilities(0, keep.to("cuda"))
+        cams = [(start, band.cpu()) for start, band in pred.cams(0, present.to("cuda"))]
+    assert on_cuda.mask.shape == raw.shape[:2]
+    np.testing.assert_array_equal(on_cuda.mask, expected.mask(0, keep))
+    np.testing.assert_allclose(probs, expected.probabilities(0, keep), atol=1e-5)
+    want = list(expected.cams(0, present))
+    assert len(cams) == len(want) > 1 and [s for s, _ in cams] == [s for s, _ in want]
+    for (_, got), (_, band) in zip(cams, want, strict=True):
+        np.testing.assert_allclose(got.numpy(), band.numpy(), atol=1e-5)

@@ -4,6 +4,7 @@ thumbnail per present class, the ground-truth column, a layout that fits 1400 px
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
@@ -267,3 +268,38 @@ def test_an_input_inside_a_gallery_folder_is_refused(tmp_path):
         (tmp_path / kind / "photos").mkdir(parents=True)
         with pytest.raises(ValueError, match=f"lies in {kind}/ of the output folder"):
             OutputLayout(tmp_path).check_input(tmp_path / kind / "photos")
+
+
+def test_mask_thumbnails_follow_a_mask_that_was_rewritten(trained, tmp_path):  # noqa: F811
+    """--overwrite with settings that change the masks: each mask thumbnail is that of the new mask, byte for byte
+    what a fresh run with the new settings writes, not the first run's."""
+    root, ckpt = trained
+    common = [str(root), "--split", "val", "--gallery", "--no-progress", "--workers", "0", "--scales", "1.0"]
+    every_class, top1 = ["--cfg-options", "infer.cls_thresh=0.0"], ["--cfg-options", "infer.cls_thresh=1.0"]
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    assert infer_cli.main([str(ckpt), common[0], str(out), *common[1:], *every_class]) == 0
+    first = {p.name: p.read_bytes() for p in (out / "mask_thumbs").iterdir()}
+    assert infer_cli.main([str(ckpt), common[0], str(out), *common[1:], *top1, "--overwrite"]) == 0
+    assert infer_cli.main([str(ckpt), common[0], str(fresh), *common[1:], *top1]) == 0
+    rewritten = {p.name: p.read_bytes() for p in (out / "mask_thumbs").iterdir()}
+    assert rewritten == {p.name: p.read_bytes() for p in (fresh / "mask_thumbs").iterdir()}
+    assert len(first) == 2 and all(first[name] != rewritten[name] for name in first)  # the masks did change
+    for name in first:  # and each thumbnail shows its mask's classes
+        assert set(np.unique(read_mask(out / "mask_thumbs" / name))) <= set(np.unique(read_mask(out / "masks" / name)))
+
+
+def test_a_mask_thumbnail_follows_its_mask_whatever_the_file_times(tmp_path):
+    """A mask replaced by one with an older time (a backup restored with its times, ``cp -p``) or the same time (a
+    coarse-clock file system) still gets its own thumbnail; an unchanged mask's thumbnail is not rewritten."""
+    fake_run(tmp_path, ["a.jpg"], [two_class_mask(left=1, right=2)], {"a.jpg": [1, 2]})
+    write_gallery(tmp_path, ["a.jpg"], {}, classes=CLASSES)
+    thumb, mask = tmp_path / "mask_thumbs" / "a.png", tmp_path / "masks" / "a.png"
+    kept = thumb.stat()
+    write_gallery(tmp_path, ["a.jpg"], {}, classes=CLASSES)
+    assert (thumb.stat().st_ino, thumb.stat().st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns)
+    for when, classes in ((kept.st_mtime_ns - 10**9, (3, 1)), (kept.st_mtime_ns, (2, 3))):
+        save_mask(mask, two_class_mask(left=classes[0], right=classes[1]), voc_palette())
+        os.utime(mask, ns=(when, when))
+        write_gallery(tmp_path, ["a.jpg"], {}, classes=CLASSES)
+        shown = read_mask(thumb)
+        assert (shown[:, 0].tolist(), shown[:, -1].tolist()) == ([classes[0]] * 10, [classes[1]] * 10)

@@ -155,3 +155,23 @@ def test_a_zero_logits_stride_is_refused(trained, tmp_path, capsys):  # noqa: F8
     assert infer_cli.main([str(tmp_path / "crafted.pth"), *base]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "infer.logits_stride" in line and "crafted.pth" in line, line
+
+
+@pytest.mark.parametrize(
+    "option, setting",
+    [("infer.mask_classes='all'", "mask_classes"), ("infer.max_size=64", "max_size"), ("infer.flip=False", "flip")],
+)
+def test_kept_images_of_an_earlier_run_with_other_settings_are_noted(trained, tmp_path, capsys, option, setting):  # noqa: F811
+    """A re-run with another setting the masks depend on keeps the finished images (no --overwrite) and says which
+    setting differs; a re-run with the same settings says nothing."""
+    root, ckpt = trained
+    base = [str(ckpt), str(root), str(tmp_path / "out"), "--split", "val", "--no-progress", "--workers", "0",
+            "--scales", "1.0"]  # fmt: skip
+    assert infer_cli.main(base) == 0
+    assert infer_cli.main(base) == 0
+    assert not json.loads((tmp_path / "out" / "summary.json").read_text())["notes"]
+    capsys.readouterr()
+    assert infer_cli.main([*base, "--cfg-options", option]) == 0
+    (note,) = json.loads((tmp_path / "out" / "summary.json").read_text())["notes"]
+    assert note.startswith(f"2 images were kept from an earlier run with other settings ({setting})"), note
+    assert "--overwrite" in note and f"note: {note}" in capsys.readouterr().out

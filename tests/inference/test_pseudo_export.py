@@ -311,3 +311,21 @@ def test_a_killed_export_resumed_with_other_settings_is_refused(exported, tmp_pa
     assert "mixed_with" not in json.loads((out / "run.json").read_text())  # every mask redone: one kind again
     assert export_cli.main([str(ckpt), str(out), *ARGS, *other]) == 0
     assert "0 now" in capsys.readouterr().out
+
+
+def test_image_labels_name_the_classes_present_in_each_image(exported):
+    """image_labels.json lists, for every exported image, the names of the classes its ground-truth mask holds
+    (the toy label file is made from the masks), in class order, with the checkpoint's class list."""
+    root, _, out = exported
+    labels = json.loads((out / "image_labels.json").read_text())
+    classes = (root / "classes.txt").read_text().split()
+    assert labels["classes"] == classes
+    ids = read_split(root / "ImageSets" / "Segmentation" / f"{SPLIT}.txt")
+    assert sorted(labels["images"]) == sorted(ids)
+    kinds = set()
+    for image_id in ids:
+        values = np.unique(read_mask(root / "SegmentationClass" / f"{image_id}.png"))
+        want = [classes[k] for k in values if 0 < k < len(classes)]
+        assert labels["images"][image_id] == {"present": want}, image_id
+        kinds.add(tuple(want))
+    assert len(kinds) > 1 and all(kinds)  # images differ in their classes, each has one: a shift of names shows

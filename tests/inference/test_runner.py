@@ -241,3 +241,29 @@ def test_a_full_disk_names_the_file_and_keeps_what_is_done(trained, tmp_path, mo
     assert infer_cli.main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["done"] == 2 and summary["existing"] == 1 and "error" not in summary
+
+
+def test_label_scores_are_the_segmenters_class_probabilities(trained, tmp_path):
+    """labels/<rel>.json and image_labels.json hold, for every foreground class by name, the probability
+    Segmenter gives the same image (sigmoid of the classifier logits, rounded to 4 decimals), and ``present`` is
+    Segmenter's."""
+    from wsss.inference.predictor import Segmenter
+
+    root, ckpt = trained
+    inp, out = tmp_path / "in", tmp_path / "out"
+    layout = make_input(root, inp)
+    opts = InferenceOptions(scales=(1.0, 0.75), flip=True, num_workers=0, progress=False)
+    assert run_inference(ckpt, inp, out, options=opts).done == 3
+    segmenter = Segmenter.from_checkpoint(ckpt, "cpu")
+    merged = json.loads((out / "image_labels.json").read_text())["images"]
+    spread = []
+    for rel in layout:
+        entry = json.loads((out / "labels" / f"{rel[: -len('.jpg')]}.json").read_text())
+        expected = segmenter(inp / rel, scales=(1.0, 0.75), flip=True)
+        assert list(entry["scores"]) == list(TOY_CLASSES[1:])
+        assert all(0.0 <= p <= 1.0 for p in entry["scores"].values())
+        assert entry["scores"] == pytest.approx(expected.class_probs, abs=6e-5)
+        assert entry["present"] == expected.present and entry["top1_fallback"] == expected.top1_fallback
+        assert merged[rel] == {k: v for k, v in entry.items() if k != "classes"}
+        spread.append(np.ptp(list(entry["scores"].values())))
+    assert max(spread) > 0.05  # the classes' probabilities differ: a mix-up of names shows

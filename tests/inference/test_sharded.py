@@ -181,3 +181,48 @@ def test_an_image_gone_after_the_listing_is_named_as_skipped(photos, tmp_path, m
     summary = json.loads((out / "summary.json").read_text())
     assert summary["done"] == 4 and [s["path"] for s in summary["skipped"]] == ["p1.png"]
     assert len(list((out / "masks").rglob("*.png"))) == 4
+
+
+LIBRARY_RANK = """
+import json, os, sys, time
+from pathlib import Path
+
+from wsss.inference.runner import InferenceOptions, run_inference
+from wsss.utils.distributed import finish_distributed, init_distributed
+
+info = init_distributed("cpu")
+ckpt, inp, out = sys.argv[1:4]
+if info.rank == 0:  # rank 0 is slow to put image_labels.json in place: the others must wait for it
+    real_replace = os.replace
+
+    def slow_replace(src, dst, *args, **kwargs):
+        if os.path.basename(dst) == "image_labels.json":
+            time.sleep(2)
+        return real_replace(src, dst, *args, **kwargs)
+
+    os.replace = slow_replace
+options = InferenceOptions(scales=(1.0,), flip=False, gallery=True, num_workers=0, progress=False)
+summary = run_inference(ckpt, inp, out, options=options)
+written = {name: (Path(out) / name).is_file() for name in ("image_labels.json", "summary.json", "index.html")}
+Path(out, f"returned_{info.rank}.json").write_text(json.dumps({"written": written, "done": summary.done}))
+finish_distributed()
+"""
+
+
+@pytest.mark.slow
+def test_a_library_caller_on_every_rank_returns_after_rank_0_wrote_the_run_files(photos, tmp_path):
+    """run_inference called from Python under torchrun (2 ranks): when it returns on rank 1, rank 0 has written
+    image_labels.json, summary.json and index.html, although rank 0 is slow to write them; both return the merged
+    summary."""
+    ckpt, inp, _ = photos
+    script, out = tmp_path / "library_rank.py", tmp_path / "out"
+    script.write_text(LIBRARY_RANK)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           str(ckpt), str(inp), str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        returned = json.loads((out / f"returned_{rank}.json").read_text())
+        assert returned == {"written": dict.fromkeys(["image_labels.json", "summary.json", "index.html"], True),
+                            "done": 5}, rank  # fmt: skip

@@ -256,3 +256,30 @@ def test_position_embedding_resampling_is_the_references_by_default():
         x224 = x[..., :224, :224]  # the stored grid: no resampling, both equal
         torch.testing.assert_close(ours(x224).features, timms(x224).features, rtol=0, atol=0)
         assert torch.equal(timms(x).features, timms.vit.forward_features(x)[:, 1:].mT.reshape(1, -1, 28, 28))
+
+
+def test_a_backbone_without_class_position_embedding_runs_with_the_default_resampling():
+    """timm's deit3 (``no_embed_class``: the position embedding covers the patch tokens only, the class token gets
+    none) builds from the config alone and runs at any size with ``bicubic``, the default: the grid resampled by
+    plain bicubic, added to the patch tokens before the class token is prepended; at 224 it is timm's model."""
+    torch.manual_seed(0)
+    name, kwargs = "deit3_small_patch16_224", {"depth": 2}
+    cfg = ModelConfig(backbone=name, pretrained="", backbone_kwargs=kwargs, attention=AttentionConfig("vanilla"))
+    assert cfg.pos_embed_interp == "bicubic"
+    ours = build_model_backbone(cfg).eval()
+    assert ours.vit.no_embed_class and ours.vit.pos_embed.shape == (1, 14 * 14, 384)
+    stored = ours.vit.pos_embed.detach()
+    grid = stored.reshape(1, 14, 14, -1).permute(0, 3, 1, 2)
+    want = F.interpolate(grid, size=(10, 12), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).flatten(1, 2)
+    tokens = torch.randn(1, 10, 12, 384)
+    with torch.no_grad():
+        got = ours.vit._pos_embed(tokens)
+    torch.testing.assert_close(got[:, 1:], tokens.flatten(1, 2) + want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[:, :1], ours.vit.cls_token, rtol=0, atol=0)  # no position for the class token
+    ref = timm.create_model(name, pretrained=False, num_classes=0, **kwargs).eval()
+    ref.load_state_dict(ours.vit.state_dict())
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x).features, ours.token_map(ref.forward_features(x), (224, 224)),
+                                   rtol=0, atol=1e-5)  # fmt: skip
+        assert ours(torch.randn(2, 3, 160, 190)).features.shape == (2, 384, 10, 12)

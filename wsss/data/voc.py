@@ -346,6 +346,24 @@ def val_dataset(cfg: DataConfig, mean: tuple[float, ...], std: tuple[float, ...]
     return TaggedValDataset(cfg, mean, std) if cfg.layout == "tags" else VOCSegDataset(cfg, mean, std)
 
 
+class SkipUnreadable(Dataset):
+    """The items of ``dataset``; an item whose image or mask cannot be read (the ValueError names the file)
+    becomes ``{"id": ..., "skipped": reason}``, which a loader worker hands to the main process as one line (a
+    worker's own exception would come with its traceback)."""
+
+    def __init__(self, dataset: VOCSegDataset | TaggedValDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        try:
+            return self.dataset[index]
+        except ValueError as err:
+            return {"id": self.dataset.ids[index], "skipped": str(err)}
+
+
 def collate_list(items: list[dict]) -> dict:
     """Collate dicts of differently sized items into a dict of lists."""
     return {key: [item[key] for item in items] for key in items[0]}

@@ -15,13 +15,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from wsss.cam import cam_to_label, labels_from_mask, multiscale_cam
 from wsss.config import Config
 from wsss.data.transforms import denormalize
-from wsss.data.voc import TaggedValDataset, VOCSegDataset, collate_list
+from wsss.data.voc import SkipUnreadable, TaggedValDataset, VOCSegDataset, collate_list
 from wsss.evaluation.classification import multilabel_scores
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.inference.visualize import cam_overlay, mask_overlay, titled_panels
@@ -137,23 +137,6 @@ def _model_input(image: torch.Tensor, cfg: Config) -> torch.Tensor:
     return F.interpolate(image, size=crop, mode="bilinear", align_corners=False)
 
 
-class _SkipUnreadable(Dataset):
-    """The items of a val set; an item whose image or mask cannot be read (the ValueError names the file)
-    becomes ``{"id": ..., "skipped": reason}``, which a loader worker hands to the main process."""
-
-    def __init__(self, dataset: VOCSegDataset | TaggedValDataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> dict:
-        try:
-            return self.dataset[index]
-        except ValueError as err:
-            return {"id": self.dataset.ids[index], "skipped": str(err)}
-
-
 def _all_skipped(skipped: list[str], total: int, dataset: VOCSegDataset | TaggedValDataset, cfg: Config) -> list[str]:
     """The reasons of every rank's skipped images (all ranks must call it together).
 
@@ -173,10 +156,10 @@ def _all_skipped(skipped: list[str], total: int, dataset: VOCSegDataset | Tagged
 
 def _shard_loader(dataset, total: int, cfg: Config) -> tuple[int, DataLoader]:
     """This rank and a loader over its share (every ``world_size``-th) of the first ``total`` images, each
-    unreadable one as a skip marker (:class:`_SkipUnreadable`)."""
+    unreadable one as a skip marker (:class:`~wsss.data.voc.SkipUnreadable`)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     loader = DataLoader(
-        Subset(_SkipUnreadable(dataset), range(rank, total, world)),
+        Subset(SkipUnreadable(dataset), range(rank, total, world)),
         batch_size=1,
         num_workers=min(2, cfg.data.num_workers),
         collate_fn=collate_list,

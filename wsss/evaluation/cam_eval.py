@@ -45,14 +45,14 @@ from wsss.cam import labels_from_mask, multiscale_cam
 from wsss.config import Config
 from wsss.data.classes import voc_palette
 from wsss.data.transforms import denormalize
-from wsss.data.voc import VOCSegDataset, collate_list
+from wsss.data.voc import SkipUnreadable, VOCSegDataset, collate_list
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics, format_table
 from wsss.evaluation.protocol import EvalProtocol, is_voc
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cams_with_par
-from wsss.utils.distributed import init_distributed, rank_and_world
+from wsss.utils.distributed import init_distributed, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_mask
 
 __all__ = ["CamEvalResult", "default_work_dir", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
@@ -223,6 +223,10 @@ def evaluate_cams(
     Under an initialised process group (``torchrun``), every rank must call it: each scores and saves its share of
     the images (every ``world``-th one), and the counts are summed across ranks, so every rank returns the scores
     of all the images, equal to one process's. A rank whose share is empty still joins the sum.
+
+    Raises:
+        ValueError: An image or mask cannot be read, or a mask does not fit its image or the classes (the same
+            line on every rank, naming the file).
     """
     device = torch.device(device)
     num_classes = len(dataset.classes)
@@ -238,13 +242,18 @@ def evaluate_cams(
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
     rank, world = rank_and_world()
     share = range(rank, total, world)
-    loader = DataLoader(Subset(dataset, share), batch_size=1, num_workers=cfg.data.num_workers, collate_fn=collate_list)
+    loader = DataLoader(Subset(SkipUnreadable(dataset), share), batch_size=1, num_workers=cfg.data.num_workers,
+                        collate_fn=collate_list)  # fmt: skip
     palette = voc_palette()
     cam_fn = partial(model.cam, aux=aux)
 
     bar = tqdm(loader, total=len(share), desc="cam eval", unit="img", disable=not progress or rank != 0,
                dynamic_ncols=True)  # fmt: skip
+    unreadable = None
     for batch in bar:
+        if "skipped" in batch:  # an image or mask that cannot be read stops the scoring, on every rank alike
+            unreadable = batch["skipped"][0]
+            break
         image_id = batch["id"][0]
         image = batch["image"][0][None].to(device)
         gt = batch["mask"][0].to(device)[None]
@@ -266,6 +275,7 @@ def evaluate_cams(
             if pseudo_dir is not None:
                 save_mask(_safe_file(Path(pseudo_dir), image_id, ".png"), label[0].cpu().numpy(), palette)
 
+    raise_on_every_rank(unreadable)
     for cm in (*cams_cm, pseudo_cm, pseudo_all_cm):
         cm.all_reduce()
     # pixels with ground truth in [0, C): all of them (pseudo_all_cm) and those the pseudo labels are certain of

@@ -32,7 +32,7 @@ from wsss.inference.layout import OutputLayout
 from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
 from wsss.inference.sources import writing
 from wsss.model_file import model_settings_warning, read_model_file
-from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, rank_and_world
+from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
 
 
@@ -218,8 +218,8 @@ def score_masks(
         progress: Show a progress bar.
 
     Raises:
-        ValueError: An id without ground truth or without a prediction, a size mismatch, or ground-truth labels
-            outside [0, C) that are not ignored (on every rank, naming the files).
+        ValueError: An id without ground truth or without a prediction, an unreadable mask, a size mismatch, or
+            ground-truth labels outside [0, C) that are not ignored (the same line on every rank, naming the files).
     """
     gts, preds = index_masks(gt_dir), index_masks(masks)
     for found, folder, what in ((gts, gt_dir, "ground truth"), (preds, masks, "prediction")):
@@ -230,13 +230,17 @@ def score_masks(
     rank, world = rank_and_world()
     share = ids[rank::world]
     cm = ConfusionMatrix(len(classes), ignore_index, device=device)
-    bad_gt = []
+    bad_gt, unreadable = [], None
     loaded = iter_mask_pairs(((i, preds[i], gts[i]) for i in share), num_workers)
-    for key, pred, gt in tqdm(loaded, total=len(share), desc="eval", unit="img", disable=not progress):
-        counts = cm.count(pred, gt)
-        if counts[len(classes)].any():
-            bad_gt.append(str(gts[key]))
-        cm.merge(counts)
+    try:
+        for key, pred, gt in tqdm(loaded, total=len(share), desc="eval", unit="img", disable=not progress):
+            counts = cm.count(pred, gt)
+            if counts[len(classes)].any():
+                bad_gt.append(str(gts[key]))
+            cm.merge(counts)
+    except ValueError as err:  # a mask unreadable or of another size: this rank's share stops there
+        unreadable = str(err)
+    raise_on_every_rank(unreadable)
     bad_gt = [path for part in all_gather_objects(bad_gt) for path in part]  # every rank raises, or none does
     if bad_gt:
         raise ValueError(

@@ -12,7 +12,8 @@ Files, ``<stem>`` being the input's relative path without its extension::
     class_cams/<stem>/<k>.jpg   CAM of the class of index k over the thumbnail, one per present class (written by
                                 the run: :func:`write_class_cams`; a folder per image, files named by class index)
     mask_thumbs/<stem>.png      predicted mask at the thumbnail's size, nearest neighbour, palette PNG (lossless:
-                                the legend's colours exactly); written here, rewritten only when the mask is newer
+                                the legend's colours exactly); written here, rewritten only when the mask
+                                changed (whatever the files' times)
     gt/<stem>.png               the ground truth likewise (a VOC split whose masks exist)
 """
 
@@ -106,12 +107,22 @@ def write_class_cams(output: Path, rel: str, thumb: np.ndarray, cams: Tensor, in
 
 def _plain_thumbnail(source: Path, target: Path, size: tuple[int, int]) -> np.ndarray:
     """Write ``target``: the label map ``source`` at ``size`` (h, w), nearest neighbour, as a palette PNG, unless
-    it is newer than ``source``; return which of the values 0..255 ``source`` holds."""
+    it holds that already (whatever the files' times: a mask restored from a backup may be older than its
+    thumbnail); return which of the values 0..255 ``source`` holds."""
     labels = read_mask(source)
-    if not (target.is_file() and target.stat().st_mtime_ns >= source.stat().st_mtime_ns):
+    small = resize_labels(labels, size)
+    if not (target.is_file() and _same_labels(target, small)):
         with writing(target):
-            save_mask(target, resize_labels(labels, size), voc_palette())
+            save_mask(target, small, voc_palette())
     return np.bincount(labels.ravel(), minlength=256) > 0
+
+
+def _same_labels(path: Path, labels: np.ndarray) -> bool:
+    """Whether the label map ``path`` holds is ``labels`` (False for a file that is not one)."""
+    try:
+        return np.array_equal(read_mask(path), labels)
+    except ValueError:
+        return False
 
 
 def _swatch(index: int) -> str:

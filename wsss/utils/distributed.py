@@ -231,6 +231,15 @@ def from_rank0(compute: Callable[[], T]) -> T:
     return value
 
 
+def raise_on_every_rank(error: str | None) -> None:
+    """Raise ``ValueError`` on every rank when any rank passes an ``error`` (the first in rank order), so that no
+    rank is left waiting in a collective for one that stopped. Every rank must call it (a no-op in one process
+    without an error)."""
+    errors = [e for e in all_gather_objects(error) if e is not None]
+    if errors:
+        raise ValueError(errors[0])
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         with collective("barrier"):
