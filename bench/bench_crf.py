@@ -8,7 +8,7 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
 
 - images/s of ``CrfPool`` with ``backend=pydensecrf`` and ``--cores`` worker processes, and of the torch backend
   on the CPU with ``--cores`` threads, one image per call and all the images in one call;
-- peak memory of one image, each backend in a fresh process (max RSS above the process's RSS after imports);
+- peak memory of one image, each backend in a fresh process (peak RSS, VmHWM, above the RSS after imports);
 - on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory.
 
 Prints a markdown table (docs/benchmarks.md, "Dense CRF").
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -77,14 +77,18 @@ def _peak_child(name: str, backend: str) -> None:
 
     torch.set_num_threads(1)
     images, probs = case_inputs(name, 1)
-    before = _rss_mib()
+    before = _status_mib("VmRSS")
     crf_labels(images[0], probs[0], CrfConfig(backend=backend))
-    print(json.dumps({"mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before}))
+    print(json.dumps({"mib": _status_mib("VmHWM") - before}))
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+def _status_mib(key: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process in MiB; unlike ``ru_maxrss``, ``VmHWM`` does not carry
+    the peak of the parent the process was forked from."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {key} in /proc/self/status")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,8 @@ pool, writing the masks) in three modes:
 
 - ``single``: scale 1.0, no flip, no CRF;
 - ``ms+flip``: scales 1.0, 1.25, 1.5 with flips (the paper's inference), no CRF;
-- ``ms+flip+crf``: the same plus the dense CRF in ``--crf-workers`` processes.
+- ``ms+flip+crf``: the same plus the dense CRF (``infer.crf.backend``: torch by default; ``--crf-workers``
+  processes of the pydensecrf backend).
 
 images/s = images / the loop's wall time (model loading and CRF worker start-up excluded, as in the
 summary ``tools/infer.py`` prints). Each mode runs ``--repeats`` times (``--overwrite``), the best is kept.
@@ -160,7 +161,8 @@ def bench_ranks(config: str, args: argparse.Namespace, images: Path, work: Path)
 
 
 def bench_pool(pairs: list[tuple[np.ndarray, np.ndarray]], max_workers: int) -> list[tuple[str, float]]:
-    cfg = CrfConfig()
+    """The pydensecrf backend serially and in pools (the torch backend: bench/bench_crf.py)."""
+    cfg = CrfConfig(backend="pydensecrf")
     tic = time.perf_counter()
     serial = [crf_labels(image, probs, cfg) for image, probs in pairs]
     rows = [("serial (in process)", time.perf_counter() - tic)]
