@@ -29,7 +29,7 @@ WORKERS = textwrap.dedent("""
             return i
 
     exit_on_sigterm()
-    with CrfPool(CrfConfig(workers=2)):
+    with CrfPool(CrfConfig(backend="pydensecrf", workers=2)):  # the backend with worker processes
         loader = iter(DataLoader(Busy(), num_workers=1, worker_init_fn=functools.partial(die_with_parent, os.getpid())))
         print("ready", flush=True)
         next(loader)

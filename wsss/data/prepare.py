@@ -23,8 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wsss.config import DataConfig
+from wsss.data.check import check_dataset
+from wsss.data.coco import SPLITS, convert_coco
 from wsss.data.download import Archive, FetchOptions, PrepareError, fetch_archive
 from wsss.data.extract import extract_archive
+from wsss.data.labels import make_label_file
+from wsss.data.sbd import convert_sbd
 from wsss.utils.fileio import atomic_write_text
 
 __all__ = ["DATASETS", "Dataset", "prepare"]
@@ -164,16 +168,12 @@ def _voc_steps(root: Path, data: DataConfig) -> list[_Step]:
     voc = Path(data.root)
 
     def sbd() -> tuple[str, list[Path]]:
-        from wsss.data.sbd import convert_sbd
-
         counts = _plain(lambda: convert_sbd(root / "benchmark_RELEASE", voc, out_dir=data.mask_dir))
         split = voc / "ImageSets" / "Segmentation" / f"{data.train_split}.txt"
         return f"{counts['sbd']} SBD masks, {counts['voc']} VOC masks, train_aug {counts['train_aug']} ids", [
             voc / data.mask_dir, split]  # fmt: skip
 
     def labels() -> tuple[str, list[Path]]:
-        from wsss.data.labels import make_label_file
-
         out = voc / data.label_file
         count, _ = _plain(lambda: make_label_file(voc, "xml", list(data.classes), out, None, data.ignore_index))
         return f"labels of {count} images from the XML annotations -> {out}", [out]
@@ -185,8 +185,6 @@ def _coco_steps(data: DataConfig, opts: FetchOptions) -> list[_Step]:
     coco = Path(data.root)
 
     def convert() -> tuple[str, list[Path]]:
-        from wsss.data.coco import SPLITS, convert_coco
-
         summary = _plain(lambda: convert_coco(coco, None, SPLITS, COCO_VAL_PART, data.ignore_index,
                                               progress=opts.progress))  # fmt: skip
         sizes = ", ".join(f"{k} {v}" for k, v in summary.split_sizes.items())
@@ -199,8 +197,6 @@ def _coco_steps(data: DataConfig, opts: FetchOptions) -> list[_Step]:
 
 def _check(data: DataConfig, opts: FetchOptions, log: Callable[[str], None]) -> Callable[[], tuple[str, list[Path]]]:
     def run() -> tuple[str, list[Path]]:
-        from wsss.data.check import check_dataset
-
         problems = _plain(lambda: check_dataset(data, progress=opts.progress))
         for p in problems:
             log(f"{p.path}: {p.reason}")
