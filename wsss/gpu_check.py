@@ -3,8 +3,9 @@
 1. Device checks, each a figure against its threshold (``GpuCheckConfig``): timm's own ViT = the ``vanilla``
    variant on CUDA; the step's loss terms on CUDA = on the CPU (same weights and batch); the fused Triton energy
    kernel = the blocked version = brute force; the evaluator's counts on CUDA = on the CPU, exactly; the
-   ``Segmenter``'s masks on CUDA = on the CPU.
-2. ``bench/bench_train.py --device cuda`` at the paper setting, with the CAM pass in bfloat16 and in float32.
+   ``Segmenter``'s masks on CUDA = on the CPU; the torch dense CRF's marginals on CUDA = on the CPU.
+2. ``bench/bench_train.py --device cuda`` at the paper setting, with the CAM pass in bfloat16 and in float32;
+   ``bench/bench_crf.py --cuda-only``: the dense CRF's ms per image at batch 1 and 16.
 3. DDP: a 1-process ``torchrun`` run with NCCL on a generated toy set; its checkpoint at ``resume_from`` resumed to
    ``iters`` equals the uninterrupted run's, bit for bit.
 4. ``gpu_check.md`` and ``gpu_check.json``: device, driver, torch, triton, every figure.
