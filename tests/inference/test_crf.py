@@ -241,3 +241,13 @@ def test_the_lattice_is_built_on_the_device_of_the_features():
     assert m_cuda == m
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_an_autocast_region_around_the_call_changes_nothing():
+    """A caller inside bf16 autocast (as a training step is) still gets the float32 CRF."""
+    image, probs = colour_noise_case(seed=4)
+    want = dense_crf(image, torch.from_numpy(probs))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = dense_crf(image, torch.from_numpy(probs))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -111,6 +111,12 @@ def dense_crf_batch(
     """
     if not probs:
         return []
+    with torch.no_grad(), torch.autocast(probs[0].device.type, enabled=False):  # float32 products, no graph
+        return _mean_field(images, probs, cfg, dtype)
+
+
+def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], cfg: CrfConfig,
+                dtype: torch.dtype) -> list[Tensor]:  # fmt: skip
     device = probs[0].device
     sizes = [p.shape[1] * p.shape[2] for p in probs]
     classes = max(p.shape[0] for p in probs)
