@@ -38,7 +38,7 @@ from wsss.data.folder import Skipped
 from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
 from wsss.inference.gallery import write_class_cams
-from wsss.inference.predictor import Prediction, Segmenter
+from wsss.inference.predictor import BatchOutputs, Segmenter
 from wsss.inference.sources import Source, save_output
 from wsss.inference.visualize import cam_overlay, mask_overlay, thumbnail
 from wsss.models.tta import predicted_classes
@@ -184,7 +184,7 @@ class InferenceLoop:
     def _run_batch(self, batch: list[Item]) -> None:
         setup, segmenter = self.setup, self.setup.segmenter
         images = [raw for _, _, raw in batch]
-        pred = segmenter.predict(images, setup.scales, setup.flip, setup.max_size, cams=setup.cams)
+        pred = segmenter.run_batch(images, setup.scales, setup.flip, setup.max_size, cams=setup.cams)
         jobs = []
         for i, (src, paths, raw) in enumerate(batch):
             self._write_extras(pred, i, src, paths, raw)
@@ -198,7 +198,7 @@ class InferenceLoop:
             self.crf.submit(jobs)
         self._collect(block=False)
 
-    def _write_extras(self, pred: Prediction, i: int, src: Source, paths: dict[str, Path], raw: np.ndarray) -> None:
+    def _write_extras(self, pred: BatchOutputs, i: int, src: Source, paths: dict[str, Path], raw: np.ndarray) -> None:
         """Write the files of image ``i`` of ``pred`` that come before its overlay and mask."""
         segmenter, cls_logits = self.setup.segmenter, pred.out.cls_logits[i]
         names = segmenter.classes[1:]
@@ -239,7 +239,7 @@ class InferenceLoop:
         self._advance()
 
 
-def _cam_overlay(pred: Prediction, i: int, classes: Tensor, raw: np.ndarray) -> np.ndarray:
+def _cam_overlay(pred: BatchOutputs, i: int, classes: Tensor, raw: np.ndarray) -> np.ndarray:
     """The heatmap of the max over ``classes``' full-size CAMs of image ``i``, blended over ``raw``, a band of rows
     at a time."""
     out = np.empty_like(raw)

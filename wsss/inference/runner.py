@@ -2,7 +2,7 @@
 (:mod:`wsss.models.tta`), the dense CRF pool (:mod:`wsss.inference.crf`) and the outputs.
 
 :func:`run_inference` is what ``tools/infer.py`` calls; every batch goes through
-:meth:`wsss.inference.predictor.Segmenter.predict`, the predictor a Python user calls. Output layout
+:meth:`wsss.inference.predictor.Segmenter.run_batch`, as the predictor a Python user calls does. Output layout
 under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages``
 (a VOC root with a split)::
 
@@ -47,7 +47,7 @@ memory). Both in :class:`~wsss.inference.loop.CrfJobs`.
 
 Size cap: the model sees every image with its longest side at most ``max_size`` (``infer.max_size``, default
 1024; 0: no cap); every output comes back at the image's own size a band of rows of at most ``max_size**2``
-pixels at a time (:class:`~wsss.inference.predictor.Prediction`), so no single op runs long on a huge image and
+pixels at a time (:class:`~wsss.inference.predictor.BatchOutputs`), so no single op runs long on a huge image and
 no full-size float map is held: a 12000 x 12000 photo costs its uint8 pixels, its mask and bands.
 
 Interrupts: ``tools/infer.py`` turns SIGTERM into ``SystemExit`` (:func:`wsss.utils.lifetime.exit_on_sigterm`),
