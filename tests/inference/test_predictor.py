@@ -252,3 +252,38 @@ assert as_rgb(image) is image and as_rgb(mirror) is mirror
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "quiet", done.stderr[-2000:]
+
+
+def test_cli_on_one_image_prints_its_classes_and_scores(toy_checkpoint, tmp_path, capsys):
+    """tools/infer.py on one image file names its present classes with their scores (those of labels/), the rule
+    that chose them and the three most probable others; again when its outputs exist; a folder run does not."""
+    import re
+
+    root, ckpt_path = toy_checkpoint
+    image = tmp_path / "photo.jpg"
+    shutil.copy(root / "JPEGImages" / "val_00000.jpg", image)
+    out = tmp_path / "out"
+    base = [str(ckpt_path), str(image), str(out), "--scales", "1.0", "--no-flip", "--workers", "0", "--no-progress"]
+    threshold = config_from_checkpoint(load_checkpoint(ckpt_path)).infer.cls_thresh
+    strict = ["--overwrite", "--cfg-options", "infer.cls_thresh=1.0"]  # no sigmoid exceeds 1: the top-1 rule
+    for extra, thresh in (([], threshold), ([], threshold), (strict, 1.0)):
+        assert infer_cli.main([*base, *extra]) == 0  # the second run finds the outputs of the first
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("photo.jpg: ")]
+        entry = json.loads((out / "labels" / "photo.json").read_text())
+        scores = entry["scores"]
+        assert entry["top1_fallback"] == (thresh == 1.0 or max(scores.values()) <= thresh)
+        rule = f"the most probable: no class scores above {thresh}" if entry["top1_fallback"] else f"score > {thresh}"
+        match = re.fullmatch(r"photo\.jpg: present (.*) \((.*)\); next most probable: (.*)", lines[0])
+        assert len(lines) == 1 and match and match[2] == rule
+        shown = [pair.rsplit(" ", 1) for pair in match[1].split(", ")]
+        assert [name for name, _ in shown] == entry["present"]
+        assert all(float(value) == round(scores[name], 2) for name, value in shown)
+        others = [pair.rsplit(" ", 1) for pair in match[3].split(", ")]
+        rest = sorted((n for n in scores if n not in entry["present"]), key=scores.get, reverse=True)
+        assert [name for name, _ in others] == rest[:3]
+        assert all(float(value) == round(scores[name], 2) for name, value in others)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    shutil.copy(image, folder / "photo.jpg")
+    assert infer_cli.main([str(ckpt_path), str(folder), *base[3:]]) == 0
+    assert "present" not in capsys.readouterr().out

@@ -75,6 +75,7 @@ ends the job through torchrun; its finished images are whole, and any re-run (an
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -288,4 +289,17 @@ def run_inference(
         barrier()
     if failures:
         raise stopped(failures[0], summary.done, left, unwritten)
+    if single and listing.sources:
+        summary.image = _image_entry(layout, listing.sources[0].rel, cfg.infer.cls_thresh)
     return summary
+
+
+def _image_entry(layout: OutputLayout, rel: str, threshold: float) -> dict[str, Any] | None:
+    """The ``labels/`` entry of ``rel`` with its path and ``threshold`` (:attr:`InferenceSummary.image`), or None
+    when the image was skipped (no mask, or its labels unreadable)."""
+    paths = layout.paths(rel, ["masks", "labels"])
+    try:
+        entry = json.loads(paths["labels"].read_text()) if paths["masks"].is_file() else None
+    except (OSError, ValueError):
+        return None
+    return None if entry is None else {**entry, "path": rel, "threshold": threshold}
