@@ -256,14 +256,20 @@ assert as_rgb(image) is image and as_rgb(mirror) is mirror
 
 def test_cli_on_one_image_prints_its_classes_and_scores(toy_checkpoint, tmp_path, capsys):
     """tools/infer.py on one image file names its present classes with their scores (those of labels/), the rule
-    that chose them and the three most probable others; again when its outputs exist; a folder run does not."""
+    that chose them and the three most probable others; again when its outputs exist; a folder run does not. Its
+    full-size CAM picture has the legend above the image."""
     import re
+
+    from PIL import Image
+
+    from wsss.inference.visualize import cam_legend
 
     root, ckpt_path = toy_checkpoint
     image = tmp_path / "photo.jpg"
     shutil.copy(root / "JPEGImages" / "val_00000.jpg", image)
     out = tmp_path / "out"
-    base = [str(ckpt_path), str(image), str(out), "--scales", "1.0", "--no-flip", "--workers", "0", "--no-progress"]
+    base = [str(ckpt_path), str(image), str(out), "--scales", "1.0", "--no-flip", "--cams", "--workers", "0",
+            "--no-progress"]  # fmt: skip
     threshold = config_from_checkpoint(load_checkpoint(ckpt_path)).infer.cls_thresh
     strict = ["--overwrite", "--cfg-options", "infer.cls_thresh=1.0"]  # no sigmoid exceeds 1: the top-1 rule
     for extra, thresh in (([], threshold), ([], threshold), (strict, 1.0)):
@@ -282,6 +288,12 @@ def test_cli_on_one_image_prints_its_classes_and_scores(toy_checkpoint, tmp_path
         rest = sorted((n for n in scores if n not in entry["present"]), key=scores.get, reverse=True)
         assert [name for name, _ in others] == rest[:3]
         assert all(float(value) == round(scores[name], 2) for name, value in others)
+    # the full-size CAM picture: the image under its legend (whose layout tests/inference/test_visualize.py checks)
+    with Image.open(out / "cams" / "photo.jpg") as cam, Image.open(image) as photo:
+        width, height = photo.size
+        present = entry["present"]
+        legend = cam_legend(width, present, [scores[n] for n in present], [(0, 0)] * len(present), [1] * len(present))
+        assert cam.size == (width, legend.height + height)
     folder = tmp_path / "folder"
     folder.mkdir()
     shutil.copy(image, folder / "photo.jpg")

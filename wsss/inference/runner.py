@@ -9,7 +9,9 @@ under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive
     masks/<rel>.png       palette PNG (VOC palette), values = class indices in [0, C); with
                           infer.mask_classes = "present" (default) only background and the present classes
     overlays/<rel>.jpg    mask blended over the image (--overlay)
-    cams/<rel>.jpg        CAM heatmap over the image (--cams): max over the present classes
+    cams/<rel>.jpg        CAM heatmap over the image (--cams): max over the present classes, under a band naming
+                          them with their scores and the heatmap's colour bar (0 to 1), each class named at its
+                          CAM's peak (:func:`~wsss.inference.visualize.cam_legend`)
     logits/<rel>.npy      (C, ceil(H/4), ceil(W/4)) float16 TTA logits at 1/4 resolution (--logits);
                           bilinear (align_corners=False) upsampling to (H, W) recovers the full map
     thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
