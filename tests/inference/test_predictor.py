@@ -221,6 +221,26 @@ def test_predict_gives_one_result_per_image_as_numpy(toy_checkpoint, segmenter):
             np.testing.assert_array_equal(result.present_ids, expected.present_ids)
             assert result.cams.keys() == expected.cams.keys()
     assert segmenter.predict([]) == []
+
+
+def test_predict_batches_consecutive_images_of_one_size(toy_checkpoint, segmenter, monkeypatch):
+    """batch_size=2 on sizes A A A B B A: forward batches of 2, 1, 2, 1 images; the results those of batch 1."""
+    root, _ = toy_checkpoint
+    a, b = read_image(root / "JPEGImages" / "val_00000.jpg"), read_image(root / "JPEGImages" / "val_00001.jpg")
+    alone = {a.shape: segmenter(a, scales=(1.0,), flip=False), b.shape: segmenter(b, scales=(1.0,), flip=False)}
+    batches, run_batch = [], segmenter.run_batch
+
+    def counted(images, *args):
+        batches.append(len(images))
+        return run_batch(images, *args)
+
+    monkeypatch.setattr(segmenter, "run_batch", counted)
+    images = [a, a, a, b, b, a]
+    results = segmenter.predict(images, scales=(1.0,), flip=False, batch_size=2)
+    assert batches == [2, 1, 2, 1]
+    for image, result in zip(images, results, strict=True):
+        np.testing.assert_array_equal(result.mask, alone[image.shape].mask)
+        np.testing.assert_allclose(result.scores, alone[image.shape].scores, rtol=1e-5)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         segmenter.predict([a], batch_size=0)
 

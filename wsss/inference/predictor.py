@@ -436,16 +436,21 @@ class Segmenter:
             return self.predict([images], scales, flip, crf, max_size, cams)[0]
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        raws = [as_rgb(image) for image in images]
         results: list[Segmentation] = []
-        start = 0
-        while start < len(raws):
-            stop = start + 1
-            while stop < len(raws) and stop - start < batch_size and raws[stop].shape == raws[start].shape:
-                stop += 1
-            batch = self.run_batch(raws[start:stop], scales, flip, max_size, cams)
-            results += [self._result(batch, i, raw, crf) for i, raw in enumerate(raws[start:stop])]
-            start = stop
+        pending: list[np.ndarray] = []  # decoded as they come: a long list of paths is never held decoded
+
+        def run() -> None:
+            batch = self.run_batch(pending, scales, flip, max_size, cams)
+            results.extend(self._result(batch, i, raw, crf) for i, raw in enumerate(pending))
+            pending.clear()
+
+        for image in images:
+            raw = as_rgb(image)
+            if pending and (len(pending) == batch_size or raw.shape != pending[0].shape):
+                run()
+            pending.append(raw)
+        if pending:
+            run()
         return results
 
     __call__ = predict
