@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -269,7 +270,11 @@ assert as_rgb(image) is image and as_rgb(mirror) is mirror
     import subprocess
     import sys
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    import wsss
+
+    root = str(Path(wsss.__file__).resolve().parents[1])  # the wsss these tests import, not another install
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "quiet", done.stderr[-2000:]
 
