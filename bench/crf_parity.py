@@ -44,7 +44,7 @@ def cases(checkpoint: Path | None, toy_root: Path | None):
         every = torch.ones(len(segmenter.classes), dtype=torch.bool)
         for name in read_split(toy_root / "ImageSets" / "Segmentation" / "val.txt")[:20]:
             raw = read_image(toy_root / "JPEGImages" / f"{name}.jpg")
-            yield f"toy val {name}", raw, segmenter.predict([raw], (1.0,), False).probabilities(0, every)
+            yield f"toy val {name}", raw, segmenter.run_batch([raw], (1.0,), False).probabilities(0, every)
     import skimage.data as data
 
     photos = {n: getattr(data, n)() for n in ("astronaut", "chelsea", "coffee", "rocket")}

@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten
 
 from wsss.config import InferConfig
 from wsss.data.transforms import normalize
-from wsss.inference.predictor import Prediction, Segmenter, row_bands
+from wsss.inference.predictor import BatchOutputs, Segmenter, row_bands
 from wsss.models.tta import TTAOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,7 +31,7 @@ def test_every_banded_output_equals_the_whole_image(band_pixels):
     with a short last band, and one band)."""
     gen = torch.Generator().manual_seed(0)
     seg, cam = torch.randn(2, 5, 13, 11, generator=gen), torch.rand(2, 4, 13, 11, generator=gen)
-    pred = Prediction(TTAOutput(seg=seg, cls_logits=torch.zeros(2, 4), cam=cam), SIZE, band_pixels)
+    pred = BatchOutputs(TTAOutput(seg=seg, cls_logits=torch.zeros(2, 4), cam=cam), SIZE, band_pixels)
     keep = torch.tensor([True, False, True, True, False])
     index = np.flatnonzero(keep.numpy())
     for i in range(2):
@@ -115,7 +115,7 @@ def test_a_huge_image_is_brought_back_in_bands_within_the_pixel_budget(toy_check
     with FullWidthTensors(width) as seen:
         result = segmenter(raw, scales=(1.0, 0.5), flip=True, max_size=max_size, cams=True)
         every_class = torch.ones(len(segmenter.classes), dtype=torch.bool)
-        probs = segmenter.predict([raw], (1.0,), False, max_size).probabilities(0, every_class)  # the CRF's input
+        probs = segmenter.run_batch([raw], (1.0,), False, max_size).probabilities(0, every_class)  # the CRF's input
     assert result.mask.shape == (height, width) and probs.shape[1:] == (height, width) and result.cams
     assert seen.sizes and max(rows for rows, _ in seen.sizes) == budget_rows
     opts = InferenceOptions(scales=(1.0,), flip=False, overlay=True, cams=True, logits=True, max_size=max_size,

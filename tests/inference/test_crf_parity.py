@@ -102,7 +102,7 @@ def test_toy_images_with_a_models_probabilities(toy_checkpoint):
     segmenter = Segmenter.from_checkpoint(checkpoint)
     for path in sorted((root / "JPEGImages").glob("*.jpg"))[:3]:
         raw = read_image(path)
-        pred = segmenter.predict([raw], scales=(1.0,), flip=False)
+        pred = segmenter.run_batch([raw], scales=(1.0,), flip=False)
         probs = pred.probabilities(0, torch.ones(len(segmenter.classes), dtype=torch.bool))
         assert_same_crf(raw, probs, segmenter.cfg.crf, path.name)
 

@@ -94,13 +94,13 @@ def test_a_downscaled_image_brought_back_in_bands_equals_the_cpu(toy_checkpoint)
     max_size = max(raw.shape[:2]) // 3
     assert max_size**2 < raw.shape[0] * raw.shape[1] // 4  # several bands
     cpu = Segmenter.from_checkpoint(ckpt, device="cpu")
-    expected = cpu.predict([raw], SCALES, True, max_size, cams=True)
+    expected = cpu.run_batch([raw], SCALES, True, max_size, cams=True)
     keep = cpu.mask_classes(expected.out.cls_logits[0])
     present = keep[1:].clone()
     with fake_cuda():
         segmenter = Segmenter.from_checkpoint(ckpt, device="cuda")
         on_cuda = segmenter(raw, scales=SCALES, flip=True, max_size=max_size, cams=True)
-        pred = segmenter.predict([raw], SCALES, True, max_size, cams=True)
+        pred = segmenter.run_batch([raw], SCALES, True, max_size, cams=True)
         assert pred.out.seg.device.type == "cuda" and pred.out.seg.shape[-2:] != raw.shape[:2]
         probs = pred.probabilities(0, keep.to("cuda"))
         cams = [(start, band.cpu()) for start, band in pred.cams(0, present.to("cuda"))]

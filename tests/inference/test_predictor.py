@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,12 +157,12 @@ def test_every_common_image_kind_gives_the_mask_of_its_rgb_array(toy_checkpoint,
     [
         (np.zeros((8, 8, 3), np.float32), r"\(x \* 255\)\.round\(\)\.astype\(np\.uint8\)"),
         (np.zeros((3, 8, 9), np.uint8), r"x\.transpose\(1, 2, 0\)"),
-        ([np.zeros((8, 8, 3), np.uint8)] * 2, r"once per image, or Segmenter\.predict"),
+        ([[np.zeros((8, 8, 3), np.uint8)] * 2], r"one image or a flat list of images"),
         (np.zeros((8, 8, 2), np.uint8), r"\(H, W, 4\) RGBA uint8 image, got shape \(8, 8, 2\)"),
         (np.zeros((8, 8, 3), np.uint16), r"got uint16 .* x\.astype\(np\.uint8\)"),
         (torch.zeros(8, 8, 3, dtype=torch.uint8), r"image\.cpu\(\)\.numpy\(\)"),
     ],
-    ids=["float", "channels-first", "list", "two-channels", "uint16", "tensor"],
+    ids=["float", "channels-first", "nested-list", "two-channels", "uint16", "tensor"],
 )
 def test_an_array_of_another_kind_is_refused_with_its_conversion(segmenter, image, says):
     with pytest.raises(ValueError, match=says):
@@ -189,3 +190,137 @@ def test_cli_runs_the_predictor_with_max_size(toy_checkpoint, segmenter, tmp_pat
     mask = read_mask(tmp_path / "out" / "masks" / "sub" / "x.png")
     np.testing.assert_array_equal(mask, segmenter(raw, scales=(1.0, 0.5), flip=False, max_size=limit).mask)
     assert json.loads((tmp_path / "out" / "run.json").read_text())["max_size"] == limit
+
+
+def test_predict_gives_one_result_per_image_as_numpy(toy_checkpoint, segmenter):
+    """One image in, one result out; a list in (paths, PIL images, arrays of mixed sizes), a list out in its order,
+    each result the one its image gives alone (batched or not), with numpy mask, scores and present ids."""
+    from PIL import Image
+
+    root, _ = toy_checkpoint
+    paths = [root / "JPEGImages" / f"val_0000{i}.jpg" for i in (0, 1)]
+    a, b = read_image(paths[0]), read_image(paths[1])
+    assert a.shape != b.shape
+    single = segmenter.predict(a, cams=True)
+    assert not isinstance(single, list) and segmenter(a, cams=True).scores.tolist() == single.scores.tolist()
+    assert isinstance(single.mask, np.ndarray) and single.mask.dtype == np.uint8 and single.mask.shape == a.shape[:2]
+    assert isinstance(single.scores, np.ndarray) and single.scores.dtype == np.float32
+    assert single.scores.shape == (len(segmenter.classes) - 1,)
+    assert isinstance(single.present_ids, np.ndarray) and single.present_ids.dtype == np.int64
+    assert single.present_ids.tolist() == sorted(segmenter.classes.index(n) for n in single.present)
+    assert single.present == [segmenter.classes[k] for k in single.present_ids]
+    assert single.class_probs == dict(zip(segmenter.classes[1:], single.scores.tolist(), strict=True))
+    assert set(np.unique(single.mask).tolist()) <= {0, *single.present_ids.tolist()}
+    alone_b = segmenter(b, cams=True)
+    inputs = [paths[0], Image.open(paths[1]), a, b, a.copy()]
+    for batch_size in (1, 2):
+        results = segmenter.predict(inputs, cams=True, batch_size=batch_size)
+        assert isinstance(results, list) and len(results) == len(inputs)
+        for result, expected in zip(results, [single, alone_b, single, alone_b, single], strict=True):
+            np.testing.assert_array_equal(result.mask, expected.mask)
+            np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5)
+            np.testing.assert_array_equal(result.present_ids, expected.present_ids)
+            assert result.cams.keys() == expected.cams.keys()
+    assert segmenter.predict([]) == []
+
+
+def test_predict_batches_consecutive_images_of_one_size(toy_checkpoint, segmenter, monkeypatch):
+    """batch_size=2 on sizes A A A B B A: forward batches of 2, 1, 2, 1 images; the results those of batch 1."""
+    root, _ = toy_checkpoint
+    a, b = read_image(root / "JPEGImages" / "val_00000.jpg"), read_image(root / "JPEGImages" / "val_00001.jpg")
+    alone = {a.shape: segmenter(a, scales=(1.0,), flip=False), b.shape: segmenter(b, scales=(1.0,), flip=False)}
+    batches, run_batch = [], segmenter.run_batch
+
+    def counted(images, *args):
+        batches.append(len(images))
+        return run_batch(images, *args)
+
+    monkeypatch.setattr(segmenter, "run_batch", counted)
+    images = [a, a, a, b, b, a]
+    results = segmenter.predict(images, scales=(1.0,), flip=False, batch_size=2)
+    assert batches == [2, 1, 2, 1]
+    for image, result in zip(images, results, strict=True):
+        np.testing.assert_array_equal(result.mask, alone[image.shape].mask)
+        np.testing.assert_allclose(result.scores, alone[image.shape].scores, rtol=1e-5)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        segmenter.predict([a], batch_size=0)
+
+
+def test_read_only_arrays_give_no_warning_and_no_copy(toy_checkpoint):
+    """np.asarray(PIL image) is read-only: the predictor uses it as it is (no copy) and torch never warns that it is
+    not writable, in __call__, a list, with the CRF and in forward. A fresh interpreter, because torch gives that
+    warning once per process: an earlier test that raised it would hide it here."""
+    code = f"""
+import warnings
+import numpy as np
+from PIL import Image
+warnings.simplefilter("error")
+from wsss.inference.predictor import Segmenter, as_rgb
+segmenter = Segmenter.from_checkpoint({str(toy_checkpoint[1])!r}, device="cpu")
+image = np.asarray(Image.open({str(toy_checkpoint[0] / "JPEGImages" / "val_00000.jpg")!r}))
+mirror = image[:, ::-1]
+assert not image.flags.writeable and not mirror.flags.writeable
+segmenter.forward([image], scales=(1.0,), flip=False)
+segmenter.predict([image, mirror], scales=(1.0,), flip=False)
+segmenter(image, scales=(1.0,), flip=False, crf=True)
+print("quiet")
+assert as_rgb(image) is image and as_rgb(mirror) is mirror
+"""
+    import os
+    import subprocess
+    import sys
+
+    import wsss
+
+    root = str(Path(wsss.__file__).resolve().parents[1])  # the wsss these tests import, not another install
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "quiet", done.stderr[-2000:]
+
+
+def test_cli_on_one_image_prints_its_classes_and_scores(toy_checkpoint, tmp_path, capsys):
+    """tools/infer.py on one image file names its present classes with their scores (those of labels/), the rule
+    that chose them and the three most probable others; again when its outputs exist; a folder run does not. Its
+    full-size CAM picture has the legend above the image."""
+    import re
+
+    from PIL import Image
+
+    from wsss.inference.visualize import cam_legend
+
+    root, ckpt_path = toy_checkpoint
+    image = tmp_path / "photo.jpg"
+    shutil.copy(root / "JPEGImages" / "val_00000.jpg", image)
+    out = tmp_path / "out"
+    base = [str(ckpt_path), str(image), str(out), "--scales", "1.0", "--no-flip", "--cams", "--workers", "0",
+            "--no-progress"]  # fmt: skip
+    threshold = config_from_checkpoint(load_checkpoint(ckpt_path)).infer.cls_thresh
+    strict = ["--overwrite", "--cfg-options", "infer.cls_thresh=1.0"]  # no sigmoid exceeds 1: the top-1 rule
+    for extra, thresh in (([], threshold), ([], threshold), (strict, 1.0)):
+        assert infer_cli.main([*base, *extra]) == 0  # the second run finds the outputs of the first
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("photo.jpg: ")]
+        entry = json.loads((out / "labels" / "photo.json").read_text())
+        scores = entry["scores"]
+        assert entry["top1_fallback"] == (thresh == 1.0 or max(scores.values()) <= thresh)
+        rule = f"the most probable: no class scores above {thresh}" if entry["top1_fallback"] else f"score > {thresh}"
+        match = re.fullmatch(r"photo\.jpg: present (.*) \((.*)\); next most probable: (.*)", lines[0])
+        assert len(lines) == 1 and match and match[2] == rule
+        shown = [pair.rsplit(" ", 1) for pair in match[1].split(", ")]
+        assert [name for name, _ in shown] == entry["present"]
+        assert all(float(value) == round(scores[name], 2) for name, value in shown)
+        others = [pair.rsplit(" ", 1) for pair in match[3].split(", ")]
+        rest = sorted((n for n in scores if n not in entry["present"]), key=scores.get, reverse=True)
+        assert [name for name, _ in others] == rest[:3]
+        assert all(float(value) == round(scores[name], 2) for name, value in others)
+    # the full-size CAM picture: the image under its legend (whose layout tests/inference/test_visualize.py checks)
+    with Image.open(out / "cams" / "photo.jpg") as cam, Image.open(image) as photo:
+        width, height = photo.size
+        present = entry["present"]
+        legend = cam_legend(width, present, [scores[n] for n in present], [(0, 0)] * len(present), [1] * len(present))
+        assert cam.size == (width, legend.height + height)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    shutil.copy(image, folder / "photo.jpg")
+    assert infer_cli.main([str(ckpt_path), str(folder), *base[3:]]) == 0
+    assert "present" not in capsys.readouterr().out

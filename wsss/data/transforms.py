@@ -29,8 +29,12 @@ def backbone_mean_std(backbone: str) -> tuple[tuple[float, ...], tuple[float, ..
 
 
 def normalize(image: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """(H, W, 3) uint8 RGB -> (3, H, W) float32 normalised tensor."""
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float().div_(255.0)
+    """(H, W, 3) uint8 RGB in any memory layout, read-only too -> (3, H, W) float32 normalised tensor.
+
+    The float copy is made by numpy, so torch never wraps the caller's array (a read-only one, e.g.
+    ``np.asarray(pil_image)``, would make torch warn that it is not writable) and a view is not first copied.
+    """
+    x = torch.from_numpy(image.astype(np.float32)).permute(2, 0, 1).div_(255.0)
     m = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
     return (x - m) / s

@@ -38,9 +38,9 @@ from wsss.data.folder import Skipped
 from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
 from wsss.inference.gallery import write_class_cams
-from wsss.inference.predictor import Prediction, Segmenter
+from wsss.inference.predictor import BatchOutputs, Segmenter
 from wsss.inference.sources import Source, save_output
-from wsss.inference.visualize import cam_overlay, mask_overlay, thumbnail
+from wsss.inference.visualize import cam_legend, cam_overlay, cam_peaks, draw_cam_legend, mask_overlay, thumbnail
 from wsss.models.tta import predicted_classes
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
 from wsss.utils.lifetime import die_with_parent
@@ -184,7 +184,7 @@ class InferenceLoop:
     def _run_batch(self, batch: list[Item]) -> None:
         setup, segmenter = self.setup, self.setup.segmenter
         images = [raw for _, _, raw in batch]
-        pred = segmenter.predict(images, setup.scales, setup.flip, setup.max_size, cams=setup.cams)
+        pred = segmenter.run_batch(images, setup.scales, setup.flip, setup.max_size, cams=setup.cams)
         jobs = []
         for i, (src, paths, raw) in enumerate(batch):
             self._write_extras(pred, i, src, paths, raw)
@@ -198,7 +198,7 @@ class InferenceLoop:
             self.crf.submit(jobs)
         self._collect(block=False)
 
-    def _write_extras(self, pred: Prediction, i: int, src: Source, paths: dict[str, Path], raw: np.ndarray) -> None:
+    def _write_extras(self, pred: BatchOutputs, i: int, src: Source, paths: dict[str, Path], raw: np.ndarray) -> None:
         """Write the files of image ``i`` of ``pred`` that come before its overlay and mask."""
         segmenter, cls_logits = self.setup.segmenter, pred.out.cls_logits[i]
         names = segmenter.classes[1:]
@@ -213,7 +213,7 @@ class InferenceLoop:
         if "logits" in paths:
             save_output(paths["logits"], _save_npy, pred.small_logits(i, self.setup.logits_stride))
         if "cams" in paths:
-            save_output(paths["cams"], save_image, _cam_overlay(pred, i, present, raw))
+            save_output(paths["cams"], save_image, _cam_picture(pred, i, present, raw, segmenter.classes))
         if "thumbs" in paths:  # the thumbnail last: it marks the image's CAM thumbnails complete
             thumb = thumbnail(raw, THUMB_SIZE)
             shown = present.nonzero()[:, 0]
@@ -239,12 +239,20 @@ class InferenceLoop:
         self._advance()
 
 
-def _cam_overlay(pred: Prediction, i: int, classes: Tensor, raw: np.ndarray) -> np.ndarray:
-    """The heatmap of the max over ``classes``' full-size CAMs of image ``i``, blended over ``raw``, a band of rows
-    at a time."""
-    out = np.empty_like(raw)
-    for start, band in pred.cams(i, classes):
-        out[start : start + band.shape[-2]] = cam_overlay(raw[start : start + band.shape[-2]], band.cpu().numpy())
+def _cam_picture(pred: BatchOutputs, i: int, present: Tensor, raw: np.ndarray, classes: list[str]) -> np.ndarray:
+    """The full-size CAM picture of image ``i``: the heatmap of the max over the ``present`` classes' CAMs blended
+    over ``raw`` (a band of rows at a time), under a band naming those classes with their scores and showing the
+    colour scale, each class named at its CAM's peak (:func:`~wsss.inference.visualize.cam_legend`)."""
+    shown = present.nonzero()[:, 0].tolist()
+    height, width = raw.shape[:2]
+    peaks = cam_peaks(pred.out.cam[i, present.to(pred.out.cam.device)], (height, width))
+    scores = pred.out.cls_logits[i].float().sigmoid()[present.to(pred.out.cls_logits.device)].tolist()
+    legend = cam_legend(width, [classes[k + 1] for k in shown], scores, peaks, [k + 1 for k in shown])
+    out = np.empty((legend.height + height, width, 3), np.uint8)
+    for start, band in pred.cams(i, present):
+        rows = slice(legend.height + start, legend.height + start + band.shape[-2])
+        out[rows] = cam_overlay(raw[start : start + band.shape[-2]], band.cpu().numpy())
+    draw_cam_legend(out, legend)
     return out
 
 

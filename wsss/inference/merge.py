@@ -15,7 +15,7 @@ from wsss.inference.layout import OutputLayout
 from wsss.inference.sources import FULL_DISK, OutputError, save_output
 from wsss.utils.fileio import atomic_write_text
 
-__all__ = ["InferenceSummary", "RankPart", "merge_parts", "stopped", "write_run_files"]
+__all__ = ["InferenceSummary", "RankPart", "image_line", "merge_parts", "stopped", "write_run_files"]
 
 
 @dataclass
@@ -30,6 +30,8 @@ class InferenceSummary:
         seconds: Wall time of the loop (model loading and listing excluded).
         notes: Warnings for the user.
         error: Why the run stopped early (an output that could not be written), else None.
+        image: In a run on one image file, its ``labels/`` entry (``present``, ``top1_fallback``, ``scores``) with
+            its ``path`` and the ``threshold`` (``infer.cls_thresh``), for :meth:`format`; else None.
     """
 
     output: Path
@@ -39,6 +41,7 @@ class InferenceSummary:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    image: dict[str, Any] | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -67,8 +70,30 @@ class InferenceSummary:
         if len(self.skipped) > max_lines:
             lines.append(f"  ... and {len(self.skipped) - max_lines} more, see {self.output / 'summary.json'}")
         lines += [f"note: {n}" for n in self.notes]
+        lines += [] if self.image is None else [image_line(self.image)]
         lines.append(f"outputs in {self.output}")
         return "\n".join(lines)
+
+
+def image_line(entry: dict[str, Any], others: int = 3) -> str:
+    """One line of an image's classes: each present class with its score, the rule that chose them, and the
+    ``others`` most probable of the rest, e.g. ``photo.jpg: present dog 0.97, person 0.81 (score > 0.5); next
+    most probable: cat 0.12, sofa 0.03, chair 0.02``.
+
+    Args:
+        entry: A ``labels/`` entry (``present``, ``top1_fallback``, ``scores`` by class name) with the image's
+            ``path`` and the ``threshold`` the classes passed.
+        others: How many of the classes not present to name.
+    """
+    scores, present = entry["scores"], entry["present"]
+    shown = ", ".join(f"{name} {scores[name]:.2f}" for name in present)
+    if entry["top1_fallback"]:
+        rule = f"the most probable: no class scores above {entry['threshold']}"
+    else:
+        rule = f"score > {entry['threshold']}"
+    rest = sorted((n for n in scores if n not in present), key=lambda n: -scores[n])[:others]
+    tail = "; next most probable: " + ", ".join(f"{n} {scores[n]:.2f}" for n in rest) if rest else ""
+    return f"{entry['path']}: present {shown} ({rule}){tail}"
 
 
 @dataclass

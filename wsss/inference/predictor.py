@@ -4,14 +4,17 @@ per image.
     from wsss.inference.predictor import Segmenter
 
     segmenter = Segmenter.from_checkpoint("work_dirs/voc_centered/iter_80000.pth")
-    result = segmenter("photo.jpg", crf=True, cams=True)   # or an array, or a PIL image
-    result.mask            # (H, W) uint8 class indices into segmenter.classes
-    result.present         # ["dog", "person"]: the classes the classifier finds in the image
+    result = segmenter.predict("photo.jpg", crf=True, cams=True)   # or an array, or a PIL image
+    result.mask            # (H, W) uint8 class ids: indices into result.classes (background 0)
+    result.scores          # (C-1,) float32 image-level probability of each foreground class (classes[1:])
+    result.present_ids     # array([12, 15]): the ids of the classes the classifier finds in the image
+    result.present         # ["dog", "person"]: their names
     result.cams            # {"dog": (H, W) float32, "person": ...}: the CAM of each present class
+    results = segmenter.predict([a, b, "c.jpg"])   # a list in, a list of results out, in order
 
 What the outputs mean, and how they agree:
 
-- ``present``: the foreground classes whose image-level probability (``class_probs``) exceeds
+- ``present``: the foreground classes whose image-level probability (``scores``) exceeds
   ``infer.cls_thresh``; when none does, the single most probable class (``top1_fallback`` is then True), since
   a photo given to a segmenter is taken to show something.
 - ``cams``: one CAM per ``present`` class.
@@ -26,8 +29,8 @@ so the mask matches the image's pixels), or a uint8 array of shape (H, W), (H, W
 RGBA, in any memory layout.
 
 Every option defaults to the checkpoint's config (``infer.*``). ``tools/infer.py`` and
-:func:`wsss.inference.runner.run_inference` run through :meth:`Segmenter.predict`, so the library and the CLI
-share one inference path.
+:func:`wsss.inference.runner.run_inference` run through :meth:`Segmenter.run_batch`, as :meth:`Segmenter.predict`
+does, so the library and the CLI share one inference path.
 
 Memory: the model sees an image with its longest side at most ``infer.max_size``; the outputs are brought to the
 image's own size a band of rows at a time (:class:`BandResize`), so a 12000 x 12000 photo never holds full-size
@@ -56,40 +59,50 @@ from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
 from wsss.utils.distributed import rank_and_world
 from wsss.utils.fileio import image_to_rgb, read_image
 
-__all__ = ["BandResize", "Prediction", "Segmentation", "Segmenter", "as_rgb", "row_bands"]
+__all__ = ["BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "row_bands"]
 
 _UNSET: Any = object()
+ImageLike = np.ndarray | Image.Image | str | Path
+"""What :meth:`Segmenter.predict` takes as one image (:func:`as_rgb`)."""
 _MATRIX_CHUNK = 256
 """Unit vectors resized per call when building an interpolation matrix (bounds its temporary memory)."""
 
 
 @dataclass
 class Segmentation:
-    """What :meth:`Segmenter.__call__` returns for one image of (H, W) pixels (the module docstring says how the
-    fields agree).
+    """What :meth:`Segmenter.predict` returns for one image of (H, W) pixels and C classes (the module docstring says
+    how the fields agree). Everything is numpy or plain Python.
 
     Attributes:
-        mask: (H, W) uint8 class indices into ``classes`` (after the CRF when requested).
-        class_probs: Image-level probability of each foreground class (sigmoid of the classifier logits,
-            averaged over the TTA passes), by name.
-        present: Foreground classes whose probability exceeds ``infer.cls_thresh``, or the most probable one when
-            none does (``top1_fallback``).
+        mask: (H, W) uint8 class ids, indices into ``classes`` (after the CRF when requested).
+        scores: (C-1,) float32 image-level probability of each foreground class, in the order of ``classes[1:]``
+            (sigmoid of the classifier logits, averaged over the TTA passes): ``scores[k - 1]`` is class k's.
+        present_ids: (K,) int64 ids (into ``classes``, as in ``mask``), ascending, of the foreground classes whose
+            score exceeds ``infer.cls_thresh``, or of the most probable one when none does (``top1_fallback``).
+        present: The K names of ``present_ids``.
         top1_fallback: No class passed ``infer.cls_thresh``; ``present`` is the most probable class.
         cams: With ``cams=True``: (H, W) float32 CAM in [0, 1] of each ``present`` class, by name; else None.
         classes: Every class name, background first.
     """
 
     mask: np.ndarray
-    class_probs: dict[str, float]
+    scores: np.ndarray
+    present_ids: np.ndarray
     present: list[str]
     top1_fallback: bool
     cams: dict[str, np.ndarray] | None
     classes: list[str]
 
+    @property
+    def class_probs(self) -> dict[str, float]:
+        """``scores`` by foreground class name (what ``labels/<image>.json`` of ``tools/infer.py`` holds)."""
+        return dict(zip(self.classes[1:], self.scores.tolist(), strict=True))
+
 
 def as_rgb(image: Any) -> np.ndarray:
-    """An image given to :class:`Segmenter` as a C-contiguous, writable (H, W, 3) uint8 RGB array (the module
-    docstring lists what is accepted).
+    """An image given to :class:`Segmenter` as an (H, W, 3) uint8 RGB array (the module docstring lists what is
+    accepted). Such an array comes back as it is, in its memory layout, read-only too: nothing writes to it, and
+    what needs another layout copies (:func:`~wsss.data.transforms.normalize` makes its float copy from any).
 
     Raises:
         FileNotFoundError: A path that does not exist.
@@ -104,8 +117,8 @@ def as_rgb(image: Any) -> np.ndarray:
         return image_to_rgb(image)
     if isinstance(image, (list, tuple)):
         raise ValueError(
-            f"expected one image, got a {type(image).__name__} of {len(image)}: call the segmenter once per image, "
-            "or Segmenter.predict([...]) for a batch of same-size (H, W, 3) uint8 images"
+            f"expected an image, got a {type(image).__name__} of {len(image)}: Segmenter.predict takes one image "
+            "or a flat list of images (paths, PIL images or uint8 arrays)"
         )
     if isinstance(image, Tensor):
         raise ValueError(
@@ -133,9 +146,7 @@ def as_rgb(image: Any) -> np.ndarray:
         raise ValueError(
             f"expected an (H, W), (H, W, 1), (H, W, 3) RGB or (H, W, 4) RGBA uint8 image, got shape {arr.shape}"
         )
-    if arr.flags.c_contiguous and arr.flags.writeable:
-        return arr
-    return np.array(arr, order="C")  # a view, a PIL buffer or a read-only array: one copy torch can share
+    return arr
 
 
 def row_bands(height: int, width: int, band_pixels: int) -> Iterator[tuple[int, int]]:
@@ -198,9 +209,10 @@ class BandResize:
 
 
 @dataclass
-class Prediction:
-    """TTA outputs of same-size images at the resolution the model saw (:meth:`Segmenter.predict`), with what
-    brings them to the images' own size a band at a time.
+class BatchOutputs:
+    """TTA outputs of same-size images at the resolution the model saw (:meth:`Segmenter.run_batch`), with what
+    brings them to the images' own size a band at a time: the torch-level building block of
+    :meth:`Segmenter.predict` and of the folder runner.
 
     Attributes:
         out: ``seg`` (B, C, h, w) logits, ``cls_logits`` (B, C-1), ``cam`` (B, C-1, h, w) or None.
@@ -244,7 +256,7 @@ class Prediction:
         """Bands ``(start, (K, rows, W))`` of the full-size CAMs of image ``i``'s foreground classes ``classes``
         (a (C-1,) bool)."""
         if self.out.cam is None:
-            raise ValueError("the CAMs were not computed: call Segmenter.predict with cams=True")
+            raise ValueError("the CAMs were not computed: call Segmenter.run_batch with cams=True")
         cams = self.out.cam[i, classes.to(self.out.cam.device)]
         for start, stop in self.bands():
             yield start, self.resize.band(cams, start, stop)
@@ -342,27 +354,25 @@ class Segmenter:
         return x[0]
 
     @torch.no_grad()
-    def predict(
+    def run_batch(
         self,
         images: Sequence[np.ndarray],
         scales: Sequence[float] | None = None,
         flip: bool | None = None,
         max_size: int | None = _UNSET,
         cams: bool = False,
-    ) -> Prediction:
-        """Test-time-augmented outputs of same-size images at the resolution the model sees.
+    ) -> BatchOutputs:
+        """Test-time-augmented outputs of same-size images at the resolution the model sees (what
+        :meth:`predict` and the folder runner build their results from).
 
         Args:
             images: (H, W, 3) uint8 RGB arrays (:func:`as_rgb`), all of one size.
             scales: TTA scales (default ``infer.scales``).
             flip: Flip TTA (default ``infer.flip``).
             max_size: Longest side the model sees: a larger image is downscaled (bilinear, antialiased) and its
-                outputs are brought back to its size by :class:`Prediction` (default ``infer.max_size``; 0 or
+                outputs are brought back to its size by :class:`BatchOutputs` (default ``infer.max_size``; 0 or
                 None: the original size). Bands of ``max_size**2`` pixels bound the resizing's memory.
             cams: Also compute the CAMs.
-
-        Returns:
-            :class:`Prediction`.
         """
         scales = tuple(self.cfg.scales if scales is None else scales)
         flip = self.cfg.flip if flip is None else flip
@@ -373,7 +383,7 @@ class Segmenter:
             factor = max_size / max(size)
             small = (max(1, round(size[0] * factor)), max(1, round(size[1] * factor)))
         x = torch.stack([self.model_input(raw, small, max_size**2) for raw in images])
-        return Prediction(tta_forward(self.model, x, scales, flip, cams=cams), size, max_size**2)
+        return BatchOutputs(tta_forward(self.model, x, scales, flip, cams=cams), size, max_size**2)
 
     def forward(
         self,
@@ -383,57 +393,93 @@ class Segmenter:
         max_size: int | None = _UNSET,
         cams: bool = False,
     ) -> TTAOutput:
-        """:meth:`predict`'s outputs resized whole to the images' size: ``seg`` (B, C, H, W), ``cam``
-        (B, C-1, H, W). Full-size float maps take 4 bytes per class and pixel; :meth:`predict` avoids them."""
-        pred = self.predict(images, scales, flip, max_size, cams)
+        """:meth:`run_batch`'s outputs resized whole to the images' size: ``seg`` (B, C, H, W), ``cam``
+        (B, C-1, H, W). Full-size float maps take 4 bytes per class and pixel; :meth:`run_batch` avoids them."""
+        pred = self.run_batch(images, scales, flip, max_size, cams)
         out = pred.out
         cam = None if out.cam is None else pred.resize.full(out.cam)
         return TTAOutput(seg=pred.resize.full(out.seg), cls_logits=out.cls_logits, cam=cam)
 
-    def __call__(
+    def predict(
         self,
-        image: np.ndarray | Image.Image | str | Path,
+        images: ImageLike | Sequence[ImageLike],
         scales: Sequence[float] | None = None,
         flip: bool | None = None,
         crf: bool = False,
         max_size: int | None = _UNSET,
         cams: bool = False,
-    ) -> Segmentation:
-        """Segment one image: a file, a ``PIL.Image`` or a uint8 array (:func:`as_rgb`).
+        batch_size: int = 1,
+    ) -> Segmentation | list[Segmentation]:
+        """Segment one image, or each image of a list: a file, a ``PIL.Image`` or a uint8 array (:func:`as_rgb`).
 
-        ``scales``, ``flip`` and ``max_size`` are those of :meth:`predict`; ``crf`` refines the mask with the
-        dense CRF (``infer.crf``: constants and backend; ``torch`` runs on the model's device); ``cams`` also
-        returns the CAMs.
+        One image in, one :class:`Segmentation` out; a list (or tuple) in, a list of :class:`Segmentation` out, in
+        its order, each at its own image's size (images of any sizes may be mixed). ``segmenter(x)`` is
+        ``segmenter.predict(x)``.
+
+        Args:
+            images: An image or a list of images.
+            scales: TTA scales (default ``infer.scales``).
+            flip: Flip TTA (default ``infer.flip``).
+            crf: Refine the mask with the dense CRF (``infer.crf``: constants and backend; ``torch`` runs on the
+                model's device).
+            max_size: Longest side the model sees (:meth:`run_batch`; default ``infer.max_size``).
+            cams: Also return the CAM of each present class.
+            batch_size: Consecutive images of one size run through the model this many at a time (results equal
+                those of 1 up to float rounding).
 
         Raises:
             FileNotFoundError: A path that does not exist.
-            ValueError: The file is not a readable image, or the array is of a kind :func:`as_rgb` refuses (the
+            ValueError: A file that is not a readable image, or an array of a kind :func:`as_rgb` refuses (the
                 message says the conversion).
         """
-        raw = as_rgb(image)
-        pred = self.predict([raw], scales, flip, max_size, cams)
-        cls_logits = pred.out.cls_logits[0]
+        if not isinstance(images, (list, tuple)):
+            return self.predict([images], scales, flip, crf, max_size, cams)[0]
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        results: list[Segmentation] = []
+        pending: list[np.ndarray] = []  # decoded as they come: a long list of paths is never held decoded
+
+        def run() -> None:
+            batch = self.run_batch(pending, scales, flip, max_size, cams)
+            results.extend(self._result(batch, i, raw, crf) for i, raw in enumerate(pending))
+            pending.clear()
+
+        for image in images:
+            raw = as_rgb(image)
+            if pending and (len(pending) == batch_size or raw.shape != pending[0].shape):
+                run()
+            pending.append(raw)
+        if pending:
+            run()
+        return results
+
+    __call__ = predict
+
+    def _result(self, batch: BatchOutputs, i: int, raw: np.ndarray, crf: bool) -> Segmentation:
+        """The :class:`Segmentation` of image ``i`` of ``batch``, whose pixels are ``raw``."""
+        cls_logits = batch.out.cls_logits[i]
         keep = self.mask_classes(cls_logits)
         if crf:
-            probs = pred.probabilities(0, keep, on_device=self.cfg.crf.backend == "torch")
+            probs = batch.probabilities(i, keep, on_device=self.cfg.crf.backend == "torch")
             labels = crf_labels(raw, probs, self.cfg.crf)
             labels = labels.cpu().numpy() if isinstance(labels, Tensor) else labels
             mask = keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy()[labels]
         else:
-            mask = pred.mask(0, keep)
-        names = self.classes[1:]
+            mask = batch.mask(i, keep)
         present, top1 = predicted_classes(cls_logits, self.cfg.cls_thresh)
+        ids = present.nonzero()[:, 0].cpu().numpy().astype(np.int64) + 1
+        names = [self.classes[k] for k in ids.tolist()]
         cam_maps = None
-        if cams:
-            chosen = [names[k] for k in present.nonzero()[:, 0].tolist()]
-            cam_maps = {name: np.empty(pred.size, np.float32) for name in chosen}
-            for start, band in pred.cams(0, present):
-                for name, plane in zip(chosen, band, strict=True):
+        if batch.out.cam is not None:
+            cam_maps = {name: np.empty(batch.size, np.float32) for name in names}
+            for start, band in batch.cams(i, present):
+                for name, plane in zip(names, band, strict=True):
                     cam_maps[name][start : start + plane.shape[0]] = plane.cpu().numpy()
         return Segmentation(
             mask=mask,
-            class_probs=dict(zip(names, cls_logits.sigmoid().tolist(), strict=True)),
-            present=[n for n, p in zip(names, present.tolist(), strict=True) if p],
+            scores=cls_logits.float().sigmoid().cpu().numpy(),
+            present_ids=ids,
+            present=names,
             top1_fallback=top1,
             cams=cam_maps,
             classes=list(self.classes),

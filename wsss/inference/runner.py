@@ -2,14 +2,16 @@
 (:mod:`wsss.models.tta`), the dense CRF pool (:mod:`wsss.inference.crf`) and the outputs.
 
 :func:`run_inference` is what ``tools/infer.py`` calls; every batch goes through
-:meth:`wsss.inference.predictor.Segmenter.predict`, the predictor a Python user calls. Output layout
+:meth:`wsss.inference.predictor.Segmenter.run_batch`, as the predictor a Python user calls does. Output layout
 under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive) or to ``INPUT/JPEGImages``
 (a VOC root with a split)::
 
     masks/<rel>.png       palette PNG (VOC palette), values = class indices in [0, C); with
                           infer.mask_classes = "present" (default) only background and the present classes
     overlays/<rel>.jpg    mask blended over the image (--overlay)
-    cams/<rel>.jpg        CAM heatmap over the image (--cams): max over the present classes
+    cams/<rel>.jpg        CAM heatmap over the image (--cams): max over the present classes, under a band naming
+                          them with their scores and the heatmap's colour bar (0 to 1), each class named at its
+                          CAM's peak (:func:`~wsss.inference.visualize.cam_legend`)
     logits/<rel>.npy      (C, ceil(H/4), ceil(W/4)) float16 TTA logits at 1/4 resolution (--logits);
                           bilinear (align_corners=False) upsampling to (H, W) recovers the full map
     thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
@@ -47,7 +49,7 @@ memory). Both in :class:`~wsss.inference.loop.CrfJobs`.
 
 Size cap: the model sees every image with its longest side at most ``max_size`` (``infer.max_size``, default
 1024; 0: no cap); every output comes back at the image's own size a band of rows of at most ``max_size**2``
-pixels at a time (:class:`~wsss.inference.predictor.Prediction`), so no single op runs long on a huge image and
+pixels at a time (:class:`~wsss.inference.predictor.BatchOutputs`), so no single op runs long on a huge image and
 no full-size float map is held: a 12000 x 12000 photo costs its uint8 pixels, its mask and bands.
 
 Interrupts: ``tools/infer.py`` turns SIGTERM into ``SystemExit`` (:func:`wsss.utils.lifetime.exit_on_sigterm`),
@@ -75,6 +77,7 @@ ends the job through torchrun; its finished images are whole, and any re-run (an
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -288,4 +291,17 @@ def run_inference(
         barrier()
     if failures:
         raise stopped(failures[0], summary.done, left, unwritten)
+    if single and listing.sources:
+        summary.image = _image_entry(layout, listing.sources[0].rel, cfg.infer.cls_thresh)
     return summary
+
+
+def _image_entry(layout: OutputLayout, rel: str, threshold: float) -> dict[str, Any] | None:
+    """The ``labels/`` entry of ``rel`` with its path and ``threshold`` (:attr:`InferenceSummary.image`), or None
+    when the image was skipped (no mask, or its labels unreadable)."""
+    paths = layout.paths(rel, ["masks", "labels"])
+    try:
+        entry = json.loads(paths["labels"].read_text()) if paths["masks"].is_file() else None
+    except (OSError, ValueError):
+        return None
+    return None if entry is None else {**entry, "path": rel, "threshold": threshold}
