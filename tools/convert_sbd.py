@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from wsss.utils.startup import input_error, refuse
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -16,7 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", default="SegmentationClassAug", help="mask folder to write under VOC_ROOT")
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
+    # --help, usage errors and missing folders come at once, before torch is imported
+    if error := input_error({}, {"SBD_ROOT": args.sbd_root, "VOC_ROOT": args.voc_root}):
+        return refuse(error)
     from wsss.data.sbd import convert_sbd
 
     try:

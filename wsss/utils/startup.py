@@ -16,6 +16,7 @@ import argparse
 import difflib
 import os
 import shutil
+import sys
 from ctypes.util import find_library
 from pathlib import Path
 
@@ -26,10 +27,12 @@ __all__ = [
     "add_threads_argument",
     "apply_threads",
     "available_cpus",
+    "config_workers",
     "default_threads",
     "input_error",
     "local_ranks",
     "nvidia_driver_error",
+    "refuse",
 ]
 
 
@@ -91,6 +94,18 @@ def apply_threads(threads: int | None, workers: int = 0) -> int:
     return count
 
 
+def config_workers(cfg, crf: bool = False) -> int:
+    """The worker processes a config starts beside the model: ``data.num_workers`` loaders, and with ``crf`` the
+    ``infer.crf.workers`` processes of the ``pydensecrf`` backend (the ``torch`` backend runs in the rank's threads).
+
+    Args:
+        cfg: A :class:`wsss.config.Config`.
+        crf: The dense CRF runs.
+    """
+    crf_processes = cfg.infer.crf.workers if crf and cfg.infer.crf.backend == "pydensecrf" else 0
+    return cfg.data.num_workers + crf_processes
+
+
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
@@ -127,6 +142,12 @@ def input_error(files: dict[str, str | Path | None], folders: dict[str, str | Pa
         hint = f"did you mean {' or '.join(close)}?" if close else f"no {kind} of that name in {path.parent}"
         return f"{what} {path} not found: {hint}"
     return None
+
+
+def refuse(error: str) -> int:
+    """Print ``error: ERROR`` on stderr; the exit status of a refused command line (2)."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
 
 
 def nvidia_driver_error() -> str | None:
