@@ -120,3 +120,21 @@ def test_make_gpu_check_refuses_before_building_the_venv(tmp_path):
     run = subprocess.run(["make", "gpu-check", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and f"error: {nvidia_driver_error()}" in run.stderr.splitlines(), run.stderr[-2000:]
     assert not venv.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_each_torchrun_rank_sets_its_threads_whatever_omp_num_threads_says(tmp_path, ranks):
+    """torchrun sets OMP_NUM_THREADS=1 for every rank when it is unset (and prints its notice from the launcher,
+    before any rank starts: out of the tools' reach); each rank then sets its own share, the CPUs / ranks."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    expected = max(1, cpus // ranks)
+    env = {**os.environ, "OMP_NUM_THREADS": str(expected + 3)}  # neither torchrun's 1 nor the default: not used
+    args = ["--depth", "2", "--gammas", "0", "--archs", "pre_ln", "--inits", "identity", "--no-progress"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+           "tools/simulate_rank.py", *args, "--out", str(tmp_path)]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count(f"with {expected} thread(s)") == ranks, run.stdout
