@@ -18,8 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", default="SegmentationClassAug", help="mask folder to write under VOC_ROOT")
     args = parser.parse_args(argv)
 
-    # --help, usage errors and missing folders come at once, before torch is imported
-    if error := input_error({}, {"SBD_ROOT": args.sbd_root, "VOC_ROOT": args.voc_root}):
+    # --help, usage errors and a missing VOC_ROOT come at once, before torch is imported (a wrong SBD_ROOT is named
+    # with the download to fetch by convert_sbd)
+    if error := input_error({}, {"VOC_ROOT": args.voc_root}):
         return refuse(error)
     from wsss.data.sbd import convert_sbd
 

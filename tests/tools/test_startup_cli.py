@@ -76,7 +76,7 @@ MISSING = [  # tool, arguments, the start of the one error line
     ("make_pseudo_labels.py", ["missing.pth", "out"], "checkpoint missing.pth not found"),
     ("diagnose.py", ["missing.pth", "data"], "checkpoint 1 missing.pth not found"),
     ("check_dataset.py", ["configs/toy_centred.py"], "config configs/toy_centred.py not found"),
-    ("convert_sbd.py", ["missing_sbd", "data"], "SBD_ROOT missing_sbd not found"),
+    ("convert_sbd.py", ["data", "missing_voc"], "VOC_ROOT missing_voc not found"),
     ("prepare_data.py", ["voc", "--archives", "missing_archives"], "--archives missing_archives not found"),
 ]
 

@@ -88,7 +88,10 @@ def test_input_error_names_the_file_and_the_fix(tmp_path):
         f"checkpoint {tmp_path}/nowhere/x.pth not found: there is no folder {tmp_path}/nowhere"
     )
     assert startup.input_error({"config": tmp_path / "folder"}) == (
-        f"config {tmp_path}/folder is not a file; give the config file"
+        f"config {tmp_path}/folder is a folder, not a file: give one of its files (it holds none)"
+    )
+    assert startup.input_error({"config": tmp_path}) == (
+        f"config {tmp_path} is a folder, not a file: give one of its files, e.g. {tmp_path}/toy_centered.py"
     )
     assert startup.input_error({}, {"IMAGES": tmp_path / "toy_centered.py"}) == (
         f"IMAGES {tmp_path}/toy_centered.py is not a folder; give the IMAGES folder"

@@ -133,6 +133,11 @@ def input_error(files: dict[str, str | Path | None], folders: dict[str, str | Pa
         if folder and path.is_dir() or not folder and path.is_file():
             continue
         kind = "folder" if folder else "file"
+        if path.is_dir():
+            inside = sorted(str(p) for p in path.iterdir() if p.is_file())[:3]
+            return f"{what} {path} is a folder, not a file: give one of its files" + (
+                f", e.g. {' or '.join(inside)}" if inside else " (it holds none)"
+            )
         if path.exists():
             return f"{what} {path} is not a {kind}; give the {what} {kind}"
         if not path.parent.is_dir():
