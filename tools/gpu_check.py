@@ -1,6 +1,6 @@
 """Check this project on a real GPU and write one report (``make gpu-check``).
 
-    python tools/gpu_check.py [CONFIG] [--out DIR] [--parts device bench ddp] [--cfg-options k=v ...]
+    python tools/gpu_check.py [CONFIG] [--out DIR] [--parts device bench ddp] [--cfg-options k=v ...] [--driver-only]
 
 Parts (wsss/gpu_check.py): ``device`` compares CUDA with timm, the CPU and brute force; ``bench`` runs
 bench/bench_train.py at the paper setting (CAM pass bf16 and float32); ``ddp`` trains 1 process under torchrun
