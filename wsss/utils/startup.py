@@ -6,8 +6,8 @@ Threads. torch runs every operator with ``torch.get_num_threads()`` OpenMP threa
 wait for each other at the end of each operator. When the cores are shared (other jobs, other ranks, this tool's
 own decoding or CRF processes) a waiting thread is often descheduled, and a ViT forward of thousands of small
 operators then runs several times slower than on one thread: ``tools/test.py --tta`` on a loaded 2-core machine
-ran at 0.17-0.19 img/s on torch's 2 threads and at 0.90-0.95 img/s on one. :func:`default_threads` therefore gives each rank
-its share of the CPUs this process may use, less the worker processes the tool starts beside it.
+ran at 0.17-0.19 img/s on torch's 2 threads and at 0.90-0.95 img/s on one. :func:`default_threads` therefore gives
+each rank its share of the CPUs this process may use, less the worker processes the tool starts beside it.
 """
 
 from __future__ import annotations
