@@ -63,8 +63,11 @@ bench-gpu: $(STAMP)
 	$(PY) bench/bench_train.py --device cuda
 
 # Everything a real GPU can show, in one report (work_dirs/gpu_check/gpu_check.md + .json); under 10 min on an H100.
-# On a machine without CUDA it stops at once with one error line.
-gpu-check: $(STAMP)
+# On a machine without an NVIDIA driver it stops at once with one error line, before the venv is built (the driver
+# check is standard-library Python, run with python3; a driver without a usable CUDA device is refused by torch).
+gpu-check:
+	@python3 -m tools.gpu_check --driver-only
+	@$(MAKE) --no-print-directory $(STAMP)
 	$(PY) tools/gpu_check.py
 
 clean-venv:

@@ -49,6 +49,19 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def tool_threads_stay_in_their_test():
+    """A tool's main() run in-process sets torch's threads and OMP_NUM_THREADS (wsss.utils.startup.apply_threads):
+    put both back after each test, so that the next runs with the threads it was given (e.g. ``one_thread``)."""
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    yield
+    torch.set_num_threads(threads)
+    if omp is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp
+
+
 @pytest.fixture
 def tiny_voc(tmp_path: Path) -> Path:
     """Four images of different non-square sizes; masks with a cat square, a dog square and 255 borders."""

@@ -8,9 +8,8 @@ Each row trains in OUT/<row>/ (an interrupted grid resumes); the table goes to O
 from __future__ import annotations
 
 import argparse
-import sys
 
-from wsss.config import load_config, parse_cfg_options
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,16 +21,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="overrides for every row")
     parser.add_argument("--device", choices=("cpu", "cuda"))
     parser.add_argument("--cosine-images", type=int, default=32, help="val images for the cosine similarity")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
-    from wsss.analysis.ablation import format_results, grid, run_grid
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"config": args.config}):
+        return refuse(error)
+    from wsss.config import load_config, parse_cfg_options
 
     try:
         cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
-    except (FileNotFoundError, ValueError) as err:  # ConfigError is a ValueError
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except (OSError, ValueError) as err:  # ConfigError is a ValueError
+        return refuse(str(err))
+    apply_threads(args.threads, cfg.data.num_workers)
+    from wsss.analysis.ablation import format_results, grid, run_grid
     rows = grid(args.grid)
     if args.rows:
         unknown = sorted(set(args.rows) - set(rows))

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from wsss.config import load_config, parse_cfg_options
+from wsss.utils.startup import input_error, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"config": args.config}):
+        return refuse(error)
     from wsss.data.check import check_dataset
 
     try:

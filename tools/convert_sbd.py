@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from wsss.utils.startup import input_error, refuse
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -16,7 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", default="SegmentationClassAug", help="mask folder to write under VOC_ROOT")
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
+    # --help, usage errors and a missing VOC_ROOT come at once, before torch is imported (a wrong SBD_ROOT is named
+    # with the download to fetch by convert_sbd)
+    if error := input_error({}, {"VOC_ROOT": args.voc_root}):
+        return refuse(error)
     from wsss.data.sbd import convert_sbd
 
     try:

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from wsss.analysis.constants import RANK_THRESHOLD
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
 
 
 def default_label(kind: str, source: str) -> str:
@@ -47,14 +48,19 @@ def main(argv: list[str] | None = None) -> int:
         "--threshold", type=float, default=RANK_THRESHOLD, help=f"numerical-rank threshold (default: {RANK_THRESHOLD})"
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy machine)")
     parser.add_argument("--title", help="plot title (default: image count and token count)")
     parser.add_argument("--no-progress", action="store_true")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
-    import torch
-
+    # --help, usage errors and missing files come at once, before torch is imported
+    *checkpoints, images = args.paths
+    configs = [source for kind, source in args.sources or [] if kind == "config"]
+    files = {f"checkpoint {i + 1}": path for i, path in enumerate(checkpoints)}
+    files.update({f"--config {i + 1}": path for i, path in enumerate(configs)})
+    if error := input_error(files, {"IMAGES": images}):
+        return refuse(error)
+    apply_threads(args.threads)
     from wsss.analysis.diagnose import (
         diagnose_folder,
         model_from_checkpoint_file,
@@ -64,15 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         write_layers_csv,
     )
 
-    *checkpoints, images = args.paths
     sources = [("checkpoint", str(p)) for p in checkpoints] + (args.sources or [])
     if not sources:
         parser.error("give at least one model (CHECKPOINT ..., --timm NAME or --config FILE) and then IMAGES")
     labels = args.label or [default_label(kind, source) for kind, source in sources]
     if len(labels) != len(sources) or len(set(labels)) != len(labels):
         parser.error(f"need {len(sources)} distinct labels, one per model; got {labels}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     pretrained = None if args.pretrained is None else "" if args.pretrained == "none" else args.pretrained
     try:
         models = {}

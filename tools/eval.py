@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from wsss.data.classes import VOC_CLASSES, load_classes
 from wsss.evaluation.constants import METRICS
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,11 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", nargs="+", default=["mIoU"], choices=METRICS)
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--workers", type=int, default=4, help="PNG decoding threads")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
+    # --help, usage errors and missing files come at once, before torch is imported
+    error = input_error({"--classes": args.classes, "--ids": args.ids},
+                        {"pred_dir": args.pred_dir, "gt_dir": args.gt_dir})  # fmt: skip
+    if error:
+        return refuse(error)
+    apply_threads(args.threads, args.workers)
     import torch
 
+    from wsss.data.classes import VOC_CLASSES, load_classes
     from wsss.evaluation.folders import (
         check_classes_seen,
         classes_beside,

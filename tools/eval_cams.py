@@ -31,6 +31,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,9 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--launcher", choices=("none", "pytorch"), default="none", help="pytorch: under torchrun")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"checkpoint": args.checkpoint}, {"--data-root": args.data_root}):
+        return refuse(error)
+    from wsss.config import DataConfig
+
+    apply_threads(args.threads, DataConfig().num_workers)  # the checkpoint's data.num_workers needs torch to read
     from wsss.evaluation.cam_eval import parse_thresholds, run_cam_eval
     from wsss.utils.distributed import check_launcher, finish_distributed, rank_and_world
 

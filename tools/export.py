@@ -17,15 +17,22 @@ import argparse
 import sys
 from pathlib import Path
 
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path, help="a wsss checkpoint (.pth) or a --safetensors export")
     parser.add_argument("--safetensors", type=Path, metavar="OUT", help="weights-only export with config and classes")
     parser.add_argument("--onnx", type=Path, metavar="OUT", help="ONNX model, dynamic batch, height and width")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
     if not (args.safetensors or args.onnx):
         parser.error("give --safetensors OUT and/or --onnx OUT")
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"checkpoint": args.checkpoint}):
+        return refuse(error)
+    apply_threads(args.threads)  # the ONNX export traces the model
 
     from wsss.inference.export import export_onnx, save_safetensors
     from wsss.model_file import checked_model_config, read_model_file

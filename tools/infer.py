@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from wsss.utils.lifetime import exit_on_sigterm
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         help="pytorch: one rank of `torchrun --nproc-per-node N` (each rank takes a share of the images balanced by "
         "pixels and runs --workers decoders and --crf-workers CRF processes: the CPU budget per rank)",
     )  # fmt: skip
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy machine)")
     parser.add_argument(
         "--cfg-options", nargs="+", metavar="infer.KEY=VALUE",
         help="override the checkpoint's inference settings, e.g. infer.cls_thresh=0.4 infer.crf.iterations=5",
@@ -73,16 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="redo images whose outputs exist")
     parser.add_argument("--no-progress", action="store_true")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
-    import torch  # after parsing: --help and usage errors come at once
-
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"checkpoint": args.checkpoint, "--list": args.list}):
+        return refuse(error)
+    if not args.input.exists():
+        return refuse(input_error({"INPUT": args.input}))
+    # the decoding processes, and the CRF processes when given here (the checkpoint's infer.crf needs torch to read)
+    apply_threads(args.threads, args.workers + (args.crf_workers or 0 if args.crf else 0))
     from wsss.config import parse_cfg_options
     from wsss.inference.runner import InferenceOptions, run_inference
     from wsss.utils.distributed import check_launcher, finish_distributed, init_distributed
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     options = InferenceOptions(
         scales=args.scales,
         flip=args.flip,

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from wsss.utils.lifetime import exit_on_sigterm
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,9 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="redo images whose masks exist")
     parser.add_argument("--no-progress", action="store_true")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"checkpoint": args.checkpoint, "--config": args.config}):
+        return refuse(error)
+    apply_threads(args.threads, args.crf_workers or 0 if args.crf else 0)  # CRF processes given here
     from wsss.config import parse_cfg_options
     from wsss.inference.pseudo_export import ExportOptions, export_pseudo_labels
     from wsss.utils.distributed import check_launcher, finish_distributed, init_distributed

@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from wsss.utils.startup import input_error, refuse
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"--checksums": args.checksums}, {"--archives": args.archives}):
+        return refuse(error)
     from wsss.data.download import FetchOptions, PrepareError, read_checksums
     from wsss.data.prepare import DATASETS, prepare
 

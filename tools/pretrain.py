@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from wsss.config import ConfigError, load_config, parse_cfg_options
 from wsss.utils.lifetime import exit_on_sigterm
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,9 +22,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", help="output folder (default: work_dir in the config)")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
-    # after parsing: --help and usage errors come at once
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"config": args.config}):
+        return refuse(error)
+    from wsss.config import ConfigError, load_config, parse_cfg_options
+
+    try:
+        cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
+    except (OSError, ValueError) as err:  # ConfigError is a ValueError
+        return refuse(str(err))
+    apply_threads(args.threads, cfg.data.num_workers)
     import torch
 
     from wsss.engine.optim import NonFiniteLossError
@@ -32,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     from wsss.models.backbone import PretrainedUnavailableError, require_vision_transformer
 
     try:
-        cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
         require_vision_transformer(cfg.model.backbone)
         work_dir = args.work_dir or cfg.work_dir
         if not work_dir:

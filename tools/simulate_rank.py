@@ -14,6 +14,7 @@ import sys
 import time
 
 from wsss.analysis.constants import ARCHS, INITS, RANK_THRESHOLD
+from wsss.utils.startup import add_threads_argument, apply_threads
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -26,12 +27,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threshold", type=float, default=RANK_THRESHOLD, help="relative singular-value threshold")
     parser.add_argument("--archs", nargs="+", choices=ARCHS, default=list(ARCHS))
     parser.add_argument("--inits", nargs="+", choices=INITS, default=list(INITS))
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads; the per-layer work (G 100x100 matrices) is too small to gain from more",
-    )
+    add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     # "-1.5:1.5:0.1" starts like an option, and argparse would refuse it as the value of --gammas.
     argv = list(argv)
@@ -45,11 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
 
     # after parsing: --help and usage errors come at once
+    apply_threads(args.threads)
     import torch
 
     from wsss.analysis.rank_simulation import parse_gammas, run_grid, write_outputs
 
-    torch.set_num_threads(args.threads)
     gammas = parse_gammas(args.gammas)
     start = time.perf_counter()
     results = run_grid(

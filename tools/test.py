@@ -37,6 +37,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from wsss.utils.startup import add_threads_argument, apply_threads, config_workers, input_error, refuse
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,11 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     # the split, and the VOC test server (wsss/evaluation/voc_submission.py)
     parser.add_argument("--split", help="split name or file (default: data.val_split); run folder test_<ckpt>_<split>")
     parser.add_argument("--format-only", action="store_true", help="no scoring: the VOC server's archive in --out")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
-    import torch  # after parsing: --help and usage errors come at once
-
+    # --help, usage errors and missing files come at once, before torch is imported
+    if error := input_error({"config": args.config, "checkpoint": args.checkpoint}):
+        return refuse(error)
     from wsss.config import ConfigError, load_config, parse_cfg_options
+
+    try:
+        cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
+    except (OSError, ValueError) as err:  # ConfigError is a ValueError
+        return refuse(str(err))
+    apply_threads(args.threads, config_workers(cfg, args.crf))  # the decoding (and CRF) processes and the model
+    import torch
+
     from wsss.evaluation.metrics import format_table
     from wsss.evaluation.split_eval import evaluate_checkpoint
     from wsss.utils.distributed import check_launcher, finish_distributed, rank_and_world
@@ -73,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = work_dir / f"test_{args.checkpoint.stem}{split}{'_tta' if args.tta else ''}{'_crf' if args.crf else ''}"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
         result = evaluate_checkpoint(cfg, args.checkpoint, run_dir, out=args.out, show_dir=args.show_dir,
                                      tta=args.tta, crf=args.crf, device=device, split=args.split,
                                      format_only=args.format_only)  # fmt: skip

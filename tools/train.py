@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from wsss.config import ConfigError, load_config, parse_cfg_options
 from wsss.utils.lifetime import exit_on_sigterm
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,12 +42,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     parser.add_argument("--launcher", choices=("none", "pytorch"), help="default: from torchrun's environment")
     parser.add_argument("--local-rank", "--local_rank", type=int, help=argparse.SUPPRESS)
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
 
     if args.resume and args.overwrite:
         parser.error("--resume and --overwrite exclude each other")
+    # --help, usage errors and missing files come at once, before torch is imported
+    resume = args.resume if isinstance(args.resume, str) else None
+    if error := input_error({"config": args.config, "--resume checkpoint": resume}):
+        return refuse(error)
+    from wsss.config import ConfigError, load_config, parse_cfg_options
 
-    # after parsing: --help and usage errors come at once
+    try:
+        options = parse_cfg_options(args.cfg_options)
+        if args.amp is not None:
+            options["train.amp"] = args.amp
+        cfg = load_config(args.config, options)
+    except (OSError, ValueError) as err:  # ConfigError is a ValueError
+        return refuse(str(err))
+    apply_threads(args.threads, cfg.data.num_workers)
     from wsss.engine.checkpoint import NonFiniteWeightsError
     from wsss.engine.optim import NonFiniteLossError
     from wsss.engine.train import train
@@ -56,10 +69,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_launcher(args.launcher)
-        options = parse_cfg_options(args.cfg_options)
-        if args.amp is not None:
-            options["train.amp"] = args.amp
-        cfg = load_config(args.config, options)
         require_vision_transformer(cfg.model.backbone)
     except (ConfigError, FileNotFoundError, RuntimeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

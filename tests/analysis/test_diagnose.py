@@ -186,4 +186,4 @@ def test_cli_rejects_bad_arguments(tmp_path, capsys):
         diagnose_cli.main([str(tmp_path), "--timm", "vit_tiny_patch16_224", "--label", "a", "b"])
     assert "distinct labels" in capsys.readouterr().err
     rc = diagnose_cli.main([str(tmp_path / "missing"), "--timm", "vit_tiny_patch16_224", "--pretrained", "none"])
-    assert rc == 2 and "input folder not found" in capsys.readouterr().err
+    assert rc == 2 and f"IMAGES {tmp_path / 'missing'} not found" in capsys.readouterr().err

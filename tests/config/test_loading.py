@@ -53,7 +53,7 @@ def test_train_cli_reports_config_errors_in_one_line(tmp_path, capsys):
     assert train_cli.main([str(cfg), "--work-dir", str(tmp_path / "w"), "--cfg-options", "train.ckpt_interval=0"]) == 2
     assert capsys.readouterr().err == "error: config key 'train.ckpt_interval': must be > 0, got 0\n"
     assert train_cli.main([str(tmp_path / "nope.py")]) == 2
-    assert capsys.readouterr().err.startswith("error: config file not found")
+    assert capsys.readouterr().err.startswith(f"error: config {tmp_path / 'nope.py'} not found")
 
 
 def test_cfg_options_keep_spaces_and_parse_lists_numbers_bools_none():

@@ -154,4 +154,6 @@ def test_coco_from_archives(tmp_path, capsys):
 
 def test_missing_archives_folder_named(tmp_path, capsys):
     code, _, err = run_cli(capsys, "voc", tmp_path / "data", "--archives", tmp_path / "nowhere")
-    assert (code, err) == (2, f"error: --archives {tmp_path / 'nowhere'}: no such folder\n")
+    assert (code, err) == (
+        2, f"error: --archives {tmp_path / 'nowhere'} not found: no folder of that name in {tmp_path}\n"
+    )

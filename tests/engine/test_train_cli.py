@@ -63,7 +63,7 @@ def test_config_error_is_one_line_with_the_closest_key(config_file, captured, ca
     assert err.startswith("error: unknown config key 'train.max_iter'. Did you mean 'train.max_iters'?")
     assert err.count("\n") == 1
     assert train_cli.main([str(config_file.with_name("missing.py"))]) == 2
-    assert capsys.readouterr().err.startswith("error: config file not found")
+    assert capsys.readouterr().err.startswith(f"error: config {config_file.with_name('missing.py')} not found")
     assert not captured
 
 

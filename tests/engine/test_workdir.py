@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -35,7 +36,42 @@ def test_a_second_run_in_a_held_work_dir_is_refused(tiny_voc, tmp_path, capsys):
     assert not list(work.glob("*.pth"))
     # the lock goes with its holder: now the run goes ahead
     assert train_cli.main([str(cfg_file), "--work-dir", str(work), "--device", "cpu"]) == 0
-    assert (work / LOCK_FILE).read_text() == f"{holder}\n" and (work / "iter_2.pth").is_file()
+    assert (work / "iter_2.pth").is_file() and not (work / LOCK_FILE).exists()  # a finished run takes its lock file
+
+
+def test_the_lock_file_goes_when_the_run_ends_finished_or_failed(tmp_path):
+    with claim_work_dir(tmp_path, None, False):
+        assert (tmp_path / LOCK_FILE).read_text() == f"pid {os.getpid()} host {socket.gethostname()}\n"
+    assert not (tmp_path / LOCK_FILE).exists()
+    with pytest.raises(KeyError), claim_work_dir(tmp_path, None, False):
+        raise KeyError("boom")
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_lock_file_deleted_between_open_and_lock_is_not_taken(tmp_path, monkeypatch):
+    """A run that opens the lock file just before its holder ends (and deletes it) must not run on the deleted
+    file's lock while a third run locks the new file: it locks the work dir's file anew."""
+    lock = tmp_path / LOCK_FILE
+    holder = claim_work_dir(tmp_path, None, False)
+    holder.__enter__()
+    real_flock = fcntl.flock
+
+    def holder_ends_first(fd, operation):
+        if holder is not None and not ended:
+            ended.append(True)
+            holder.__exit__(None, None, None)  # deletes the file this run has just opened
+        return real_flock(fd, operation)
+
+    ended: list[bool] = []
+    monkeypatch.setattr(fcntl, "flock", holder_ends_first)
+    with claim_work_dir(tmp_path, None, False):
+        assert ended and lock.exists()
+        third = os.open(lock, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):  # a third run finds the work dir's file locked
+                real_flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(third)
 
 
 def test_the_lock_is_released_when_the_run_fails(tmp_path):

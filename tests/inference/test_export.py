@@ -45,7 +45,7 @@ def test_not_an_export_is_a_clear_error(toy_checkpoint, tmp_path, capsys):
     with pytest.raises(ValueError, match="not a wsss export"):
         load_safetensors(tmp_path / "bare.safetensors")
     assert export_cli.main([str(tmp_path / "missing.pth"), "--onnx", str(tmp_path / "m.onnx")]) == 2
-    assert capsys.readouterr().err.startswith("error: checkpoint not found")
+    assert capsys.readouterr().err.startswith(f"error: checkpoint {tmp_path / 'missing.pth'} not found")
 
 
 def test_onnx_matches_pytorch_at_any_size(toy_checkpoint, tmp_path):

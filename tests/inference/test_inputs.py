@@ -37,7 +37,7 @@ def test_one_image_file_as_input(toy_checkpoint, tmp_path, capsys):
     assert infer_cli.main([str(ckpt), str(photo), str(tmp_path / "o2"), "--split", "val", *FAST]) == 2
     assert "--split needs a folder as INPUT" in capsys.readouterr().err
     assert infer_cli.main([str(ckpt), str(tmp_path / "photos" / "missing.jpg"), *FAST]) == 2
-    assert "input not found" in capsys.readouterr().err
+    assert f"INPUT {tmp_path / 'photos' / 'missing.jpg'} not found" in capsys.readouterr().err
 
 
 def test_a_list_of_paths_under_input(toy_checkpoint, tmp_path):

@@ -220,7 +220,7 @@ def test_errors_are_one_line_and_write_nothing(toy_checkpoint, tmp_path, capsys)
     root, ckpt = toy_checkpoint
     out = str(tmp_path / "out")
     cases = [
-        ([str(tmp_path / "missing.pth"), out], "checkpoint not found"),
+        ([str(tmp_path / "missing.pth"), out], f"checkpoint {tmp_path / 'missing.pth'} not found"),
         ([str(ckpt), str(root), "--split", "train"], "is the dataset's split file, which the export would overwrite"),
         ([str(ckpt), out, "--cfg-options", "cam.fg_thres=0.5"], "unknown config key 'cam.fg_thres'"),
         ([str(ckpt), out, "--split", "nosuch"], "split file not found"),

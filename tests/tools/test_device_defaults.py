@@ -29,6 +29,7 @@ def test_infer_and_eval_default_to_cuda_when_available(monkeypatch, tmp_path, cu
         lambda ckpt, src, out, split, options, device, *rest: record(device=device),
     )
     monkeypatch.setattr("wsss.evaluation.folders.evaluate_folders", lambda *args, **kwargs: record(**kwargs))
+    (tmp_path / "model.pth").write_bytes(b"")  # checked to exist before torch is imported
     with pytest.raises(Called):
         infer_cli.main([str(tmp_path / "model.pth"), str(tmp_path)])
     with pytest.raises(Called):

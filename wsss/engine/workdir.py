@@ -2,7 +2,10 @@
 
 :func:`claim_work_dir` takes an exclusive ``flock`` on ``WORK/train.lock`` (which names the holder's PID and
 host) for the whole run, so a second run in the same work dir stops at once instead of interleaving its
-checkpoints with the first's. The kernel releases the lock when the process ends, however it ends. A run
+checkpoints with the first's. The run deletes the file when it ends, finished or failed; the kernel releases the
+lock when the process ends, however it ends (a killed run leaves the file, unlocked, and the next run takes it).
+A run that opened the file just before its holder deleted it sees that the file it locked is no longer the
+work dir's and takes the new one. A run
 without ``resume`` in a work dir that already holds checkpoints stops too, unless ``overwrite`` is given.
 Temporaries of killed atomic writes are removed at start.
 
@@ -42,7 +45,8 @@ class WorkDirError(ValueError):
 @contextmanager
 def claim_work_dir(work: Path, resume: str | Path | bool | None, overwrite: bool) -> Iterator[None]:
     """Hold the work dir's lock while the ``with`` body runs, after checking a fresh start overwrites nothing
-    without ``overwrite``. Deletes nothing: the run calls :func:`start_afresh` once it is ready to start.
+    without ``overwrite``. Deletes nothing of the earlier run: the run calls :func:`start_afresh` once it is ready
+    to start. The lock file is deleted when the body ends, however it ends.
 
     Args:
         work: The work dir (created if missing).
@@ -53,16 +57,9 @@ def claim_work_dir(work: Path, resume: str | Path | bool | None, overwrite: bool
         WorkDirError: Another process holds the lock, or a fresh start without ``overwrite`` finds checkpoints.
     """
     work.mkdir(parents=True, exist_ok=True)
-    fd = os.open(work / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = work / LOCK_FILE
+    fd = _lock(lock)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
-            raise WorkDirError(
-                f"{work} is in use by another training run ({holder}, see {work / LOCK_FILE}); wait for it to end "
-                "or pass another --work-dir"
-            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode(), 0)
         remove_stale_temporaries(work)
@@ -70,7 +67,34 @@ def claim_work_dir(work: Path, resume: str | Path | bool | None, overwrite: bool
             _earlier_checkpoints(work, overwrite)
         yield
     finally:
+        lock.unlink(missing_ok=True)  # while still locked: a run waiting on this file then sees it gone
         os.close(fd)  # releases the lock
+
+
+def _lock(lock: Path) -> int:
+    """An open descriptor of ``lock`` holding its exclusive ``flock``, taken without waiting.
+
+    Raises:
+        WorkDirError: Another process holds it.
+    """
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            work = lock.parent
+            raise WorkDirError(
+                f"{work} is in use by another training run ({holder}, see {lock}); wait for it to end "
+                "or pass another --work-dir"
+            ) from None
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its holder deleted the file after this open: lock the work dir's file anew
 
 
 def start_afresh(work: Path, overwrite: bool) -> list[str]:

@@ -163,7 +163,7 @@ class InferenceLoop:
             for item in loader:
                 src, paths = todo[item["index"]]
                 if item["image"] is None:
-                    self._skip(src, f"unreadable image ({item['error']})")
+                    self._skip(src, item["error"])  # read_image's reason: "not a readable image (...)"
                     continue
                 for batch in buckets.add((src, paths, item["image"]), item["image"].shape):
                     self._run_batch(batch)
