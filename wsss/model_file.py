@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from wsss.config import Config, ConfigError, check_mean_std, from_dict, to_dict
+from wsss.config import Config, ConfigError, check_mean_std, fit_workers, from_dict, to_dict
 from wsss.models import build_model
 
 __all__ = [
@@ -190,12 +190,14 @@ def load_safetensors(path: str | Path) -> dict[str, Any]:
 def config_from_checkpoint(ckpt: dict[str, Any]) -> Config:
     """The validated config stored in a checkpoint, once its ``mean`` and ``std`` are known to be 3 finite numbers
     each, ``std`` > 0. The config is data: plain dicts and lists, validated (every number in its range), never run.
+    Worker counts above this machine's CPUs, set where the file was made, are lowered to them
+    (:func:`wsss.config.fit_workers`).
 
     Raises:
         ConfigError: An unknown key, a wrong type or a value out of its range (one line naming it).
     """
     check_mean_std(ckpt.get("mean"), ckpt.get("std"))
-    return from_dict(Config, ckpt["config"])
+    return from_dict(Config, fit_workers(Config, ckpt["config"]))
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str | Path) -> None:

@@ -20,7 +20,7 @@ from tools import make_pseudo_labels as pseudo_cli
 from wsss.config import Config, ConfigError, from_dict, load_config, parse_cfg_options
 from wsss.engine.checkpoint import save_checkpoint
 from wsss.inference.export import save_safetensors
-from wsss.model_file import read_model_file
+from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.models import build_model
 
 NAN, INF = float("nan"), float("inf")
@@ -155,6 +155,24 @@ def test_every_crf_constant_is_finite_widths_positive_weights_not_negative(key):
 def test_the_true_checkpoint_is_read(checkpoint, tmp_path):
     """The control of the test above: the same checkpoint, unedited, is read."""
     assert read_model_file(craft(checkpoint, tmp_path / "iter_3.pth"))["step"] == 3
+
+
+def test_a_checkpoint_made_on_a_larger_machine_loads_with_this_machines_workers(checkpoint, tmp_path):
+    """Worker counts are the machine's, not the model's: 8 loaders chosen on a 16-core node must not lock the
+    checkpoint out of a 2-core laptop, where ``--cfg-options`` cannot reach the embedded config before its check.
+    The same values in a config file stay refused (``test_refused_from_a_config_file``)."""
+    from wsss.config.validation import CPU_LIMIT
+
+    ckpt = copy.deepcopy(checkpoint)
+    ckpt["config"]["data"]["num_workers"] = CPU_LIMIT + 6
+    ckpt["config"]["infer"]["crf"]["workers"] = CPU_LIMIT + 1
+    ckpt["config"]["infer"]["crf"]["iterations"] = 7  # a neighbour of the fitted key, kept as written
+    cfg = config_from_checkpoint(read_model_file(craft(ckpt, tmp_path / "big.pth")))
+    assert (cfg.data.num_workers, cfg.infer.crf.workers, cfg.infer.crf.iterations) == (CPU_LIMIT, CPU_LIMIT, 7)
+    small = craft(checkpoint, tmp_path / "small.pth", "infer.crf.workers", 1)
+    assert config_from_checkpoint(read_model_file(small)).infer.crf.workers == 1  # below the ceiling: untouched
+    with pytest.raises(ConfigError, match=r"'data\.num_workers': must be in \[0, "):
+        from_dict(Config, ckpt["config"])
 
 
 @pytest.mark.parametrize(

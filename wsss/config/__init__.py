@@ -41,7 +41,7 @@ from wsss.config.schema import (
     PretrainConfig,
     TrainConfig,
 )
-from wsss.config.validation import ConfigError, check_ignore_index, check_mean_std, choice, from_dict
+from wsss.config.validation import ConfigError, check_ignore_index, check_mean_std, choice, fit_workers, from_dict
 
 __all__ = [
     "BACKBONE_KWARGS",
@@ -68,6 +68,7 @@ __all__ = [
     "check_mean_std",
     "choice",
     "dump_config",
+    "fit_workers",
     "from_dict",
     "load_config",
     "parse_cfg_options",

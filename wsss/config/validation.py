@@ -205,6 +205,26 @@ def from_dict(cls: type, data: Any, key: str = "") -> Any:
     return cls(**values)
 
 
+def fit_workers(cls: type, data: Any) -> Any:
+    """``data``, a config dict of ``cls`` saved on another machine (a checkpoint's, an export's), with every process
+    count above this machine's :data:`CPU_LIMIT` lowered to it; ``data`` itself is not changed.
+
+    A worker count is this machine's resource, not a property of the model: a checkpoint trained with 8 loaders on
+    a 16-core node must still load on a 4-core laptop, where ``--cfg-options`` cannot reach the embedded config
+    before it is checked. Values from a config file or ``--cfg-options`` stay checked as written.
+    """
+    if not isinstance(data, dict):
+        return data  # from_dict names what it should be
+    fitted, hints = dict(data), typing.get_type_hints(cls)
+    for spec in dataclasses.fields(cls):
+        value = fitted.get(spec.name)
+        if spec.metadata.get("range") is WORKERS and type(value) is int and value > CPU_LIMIT:
+            fitted[spec.name] = CPU_LIMIT
+        elif isinstance(value, dict) and dataclasses.is_dataclass(hints[spec.name]):
+            fitted[spec.name] = fit_workers(hints[spec.name], value)
+    return fitted
+
+
 def join_key(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else str(name)
 
