@@ -124,7 +124,15 @@ def test_refused_from_cfg_options(tmp_path, key, value, text, message):
         load_config(path, parse_cfg_options([f"{key}={text}"]))
 
 
-@pytest.mark.parametrize(("key", "value", "text", "message"), BAD_VALUES, ids=IDS)
+FITTED = {"infer.crf.workers=1000000"}
+"""Refused from a config file, lowered to this machine's CPUs in a checkpoint (see the test after the next)."""
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "text", "message"),
+    [bad for bad, name in zip(BAD_VALUES, IDS) if name not in FITTED],
+    ids=[name for name in IDS if name not in FITTED],
+)
 def test_refused_from_a_checkpoints_or_an_exports_config(checkpoint, tmp_path, key, value, text, message):
     if key == "data.ignore_index" and value == 5:  # the tiny model's classes are a file: the dataset checks them
         checkpoint = {**checkpoint, "config": {**checkpoint["config"], "data": {**checkpoint["config"]["data"]}}}
