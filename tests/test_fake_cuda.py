@@ -87,6 +87,7 @@ def test_values_and_gradients_are_the_cpus():
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+@needs_fake_cuda
 def test_graph_backward_equals_the_autograd_engine_on_the_cpu():
     """Broadcasting (reduced to the input's shape), a leaf used twice (summed), a custom Function."""
 
