@@ -44,6 +44,7 @@ import contextlib
 from collections.abc import Iterator
 from unittest import mock
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
@@ -53,6 +54,18 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
+
+TORCH_FLOOR = (2, 10)
+"""The first torch this harness runs on. Below it ``Tensor.to("cuda")`` initialises the CUDA runtime before the
+dispatch mode sees it, so without a driver it raises (measured on 2.4.1, 2.5.1, 2.6.0, 2.8.0 and 2.9.1), and 2.4's
+autograd nodes lack the ``_input_metadata`` that :func:`graph_backward` reads. The product itself needs less
+(requirements.txt)."""
+needs_fake_cuda = pytest.mark.skipif(
+    torch.__version__ < TORCH_FLOOR,
+    reason=f"the fake-CUDA harness (tests/fake_cuda.py) needs torch >= 2.10; torch {torch.__version__}'s "
+    'Tensor.to("cuda") reaches the CUDA driver before the harness sees it',
+)
+"""Mark every test that uses the harness: below :data:`TORCH_FLOOR` it skips, saying why."""
 
 CUDA = torch.device("cuda", 0)
 SYNC_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)

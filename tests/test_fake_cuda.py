@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tests.fake_cuda import HostSyncError, fake_cuda, graph_backward
+from tests.fake_cuda import HostSyncError, fake_cuda, graph_backward, needs_fake_cuda
 
 HOST_READS = {
     "item": lambda y: y.sum().item(),
@@ -21,6 +21,7 @@ HOST_READS = {
 }
 
 
+@needs_fake_cuda
 def test_a_cpu_tensor_meeting_a_cuda_one_raises_as_under_fake_tensor_mode():
     with FakeTensorMode(), pytest.raises(RuntimeError) as plain:
         torch.empty(4, 4, device="cuda") + torch.ones(4, 4)
@@ -32,6 +33,7 @@ def test_a_cpu_tensor_meeting_a_cuda_one_raises_as_under_fake_tensor_mode():
         assert (torch.ones(2, device="cuda") + torch.tensor(1.0, device="cpu")).device.type == "cuda"
 
 
+@needs_fake_cuda
 @pytest.mark.parametrize("read", sorted(HOST_READS))
 def test_host_reads_raise_in_a_no_sync_region_and_give_values_outside(read):
     x = torch.arange(12, dtype=torch.float32).view(4, 3) - 5
@@ -46,11 +48,13 @@ def test_host_reads_raise_in_a_no_sync_region_and_give_values_outside(read):
     assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
 
 
+@needs_fake_cuda
 def test_numpy_of_a_cuda_tensor_raises_as_on_a_gpu():
     with fake_cuda(), pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
         torch.ones(2, device="cuda").numpy()
 
 
+@needs_fake_cuda
 def test_mismatched_dtypes_raise_and_cuda_autocast_applies():
     with fake_cuda():
         a, b = torch.randn(4, 8, device="cuda", dtype=torch.bfloat16), torch.randn(8, 8, device="cuda")
@@ -63,6 +67,7 @@ def test_mismatched_dtypes_raise_and_cuda_autocast_applies():
             assert (b @ b).dtype == torch.float32
 
 
+@needs_fake_cuda
 def test_values_and_gradients_are_the_cpus():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.GELU(), torch.nn.Conv2d(4, 2, 1))
@@ -82,6 +87,7 @@ def test_values_and_gradients_are_the_cpus():
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+@needs_fake_cuda
 def test_graph_backward_equals_the_autograd_engine_on_the_cpu():
     """Broadcasting (reduced to the input's shape), a leaf used twice (summed), a custom Function."""
 
@@ -111,6 +117,7 @@ def test_graph_backward_equals_the_autograd_engine_on_the_cpu():
     torch.testing.assert_close((w.grad, b.grad), want, rtol=0, atol=0)
 
 
+@needs_fake_cuda
 def test_indexing_a_cpu_tensor_with_cuda_indices_raises_as_on_a_gpu():
     """ATen's index and index_put_ take indices on the CPU or on the indexed tensor's device: a CPU tensor indexed
     with cuda indices raises on a GPU (the CPU and meta kernels do not check it), a cuda tensor indexed with CPU
@@ -132,6 +139,7 @@ def test_indexing_a_cpu_tensor_with_cuda_indices_raises_as_on_a_gpu():
         assert torch.equal(on_cuda[:, index].cpu(), values[:, [0, 3]])
 
 
+@needs_fake_cuda
 @pytest.mark.parametrize("where", ["found_inf", "inv_scale", "grads"])
 def test_the_amp_non_finite_check_needs_every_tensor_on_cuda(where):
     """``_amp_foreach_non_finite_check_and_unscale_`` (GradScaler's unscale, the training's non-finite guard) raises

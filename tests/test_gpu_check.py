@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.fake_cuda import fake_cuda
+from tests.fake_cuda import fake_cuda, needs_fake_cuda
 from tools import gpu_check as gpu_check_cli
 from wsss import energy_kernel, gpu_check, losses
 from wsss.config import GpuCheckConfig
@@ -71,6 +71,7 @@ def small_gpu_check_config(tmp_path):
     return dataclasses.replace(cfg, gpu_check=gc), gc
 
 
+@needs_fake_cuda
 def test_device_checks_pass_on_the_emulated_device(tmp_path, monkeypatch):
     cfg, gc = small_gpu_check_config(tmp_path)
     monkeypatch.setattr(energy_kernel, "gaussian_filter_fused", losses.gaussian_filter_dense)
@@ -83,6 +84,7 @@ def test_device_checks_pass_on_the_emulated_device(tmp_path, monkeypatch):
     assert [c.name for c in checks if not c.passed] == []
 
 
+@needs_fake_cuda
 def test_device_checks_fail_when_cuda_counts_differ(tmp_path, monkeypatch):
     """The evaluator's torch path (CUDA) off by one class: the check reports it."""
     cfg, gc = small_gpu_check_config(tmp_path)

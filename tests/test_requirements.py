@@ -30,12 +30,12 @@ def test_timm_in_declared_range_with_an_upper_bound() -> None:
 
 
 def test_torch_floor_is_the_measured_one() -> None:
-    """2.10 is the first torch whose `make test-fast` passes (README); GPU images carrying 2.11 must be admitted."""
+    """2.4 is the oldest torch whose `make test-fast` passes (README); GPU images carrying 2.11 must be admitted."""
     reqs = requirements("requirements.txt")
     spec = reqs["torch"].specifier
     assert torch.__version__.split("+")[0] in spec
-    assert "2.10.0" in spec and "2.11.0" in spec and "2.9.1" not in spec
-    assert "0.25.0" in reqs["torchvision"].specifier and "0.24.1" not in reqs["torchvision"].specifier
+    assert "2.4.0" in spec and "2.11.0" in spec and "2.3.1" not in spec
+    assert "0.19.0" in reqs["torchvision"].specifier and "0.18.1" not in reqs["torchvision"].specifier
 
 
 def test_timm_attention_internals_the_variants_use() -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.fake_cuda import HostSyncError, fake_cuda, no_sync
+from tests.fake_cuda import HostSyncError, fake_cuda, needs_fake_cuda, no_sync
 from wsss import losses
 from wsss.config import Config
 from wsss.data.transforms import backbone_mean_std
@@ -31,7 +31,7 @@ from wsss.engine.validate import validate
 from wsss.model_file import load_checkpoint, model_from_checkpoint
 from wsss.models import WSSSModel, build_model
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_fake_cuda]
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 ITERATIONS = (0, 1, 2)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.fake_cuda import fake_cuda, needs_fake_cuda
 from wsss.config import CrfConfig
 from wsss.inference.crf import CrfPool, crf_labels, dense_crf, dense_crf_batch
 
@@ -213,11 +214,11 @@ def test_missing_package_names_it_and_torch_needs_none(monkeypatch):
         assert (pool.submit(image, probs).result() == truth).mean() > 0.98
 
 
+@needs_fake_cuda
 def test_the_lattice_is_built_on_the_device_of_the_features():
     """On the emulated CUDA device (tests/fake_cuda.py) every step of the lattice construction keeps to ``cuda``
     and gives the CPU's lattice; the sparse products that follow cannot run there (no sparse layouts in
     FakeTensorMode) and are compared with the CPU on a real GPU by `make gpu-check`."""
-    from tests.fake_cuda import fake_cuda
     from wsss.inference import permutohedral as lattice
 
     image, _ = colour_noise_case(seed=3)

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fake_cuda import HostSyncError, fake_cuda, no_sync
+from tests.fake_cuda import HostSyncError, fake_cuda, needs_fake_cuda, no_sync
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.inference.predictor import Segmenter
 from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.utils.fileio import read_image, read_mask
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_fake_cuda]
 
 SCALES = (1.0, 0.5, 1.5)
 
