@@ -157,6 +157,8 @@ def test_a_failing_stage_stops_the_chain_in_one_line_and_the_next_run_resumes_th
     log = tmp_path / "work" / "reproduce_logs" / "4_eval_cams.log"
     assert error == f"error: [4/5] eval_cams --pseudo failed (exit 2); rerun it with: {command} (log: {log})"
     assert result.returncode == 1 and result.error == error
+    record = json.loads(chain.record.read_text())
+    assert list(record["stages"]) == NAMES[:3] and record["last_run"]["stages"][3]["status"] == "failed"
     again = Recorder(chain)
     assert run_chain(chain, again).returncode == 0
     assert again.calls == ["eval_cams", "report"]
@@ -199,18 +201,19 @@ def test_a_stage_that_exits_0_without_its_outputs_fails(tmp_path, capsys):
     result = run_chain(chain, Recorder(chain, run=lambda command, log: 0))
     assert statuses(result) == ["failed"] + ["not run"] * 4
     assert result.error.startswith("error: [1/5] prepare exited 0 but did not write ")
-    assert "stages" not in json.loads(chain.record.read_text()) or not json.loads(chain.record.read_text())["stages"]
+    assert json.loads(chain.record.read_text())["stages"] == {}
 
 
 def test_an_interrupted_stage_is_recorded_and_resumed(tmp_path, capsys):
     chain = toy_chain(tmp_path)
-    runner = Recorder(chain, interrupt="train")
+    run_chain(chain, Recorder(chain))
+    chain.stages[1].outputs[0].unlink()  # training runs again, and is interrupted
     with pytest.raises(KeyboardInterrupt):
-        run_chain(chain, runner)
-    assert "run the same command again to resume" in capsys.readouterr().out
+        run_chain(chain, Recorder(chain, interrupt="train"))
+    assert "interrupted during [2/5] train; run the same command again to resume" in capsys.readouterr().out
     record = json.loads(chain.record.read_text())
-    assert list(record["stages"]) == ["prepare"]
-    assert [s["status"] for s in record["last_run"]["stages"]] == ["ran", "interrupted"] + ["not run"] * 3
+    assert list(record["stages"]) == ["prepare"]  # the later stages' records went when training started again
+    assert [s["status"] for s in record["last_run"]["stages"]] == ["skipped", "interrupted"] + ["not run"] * 3
     again = Recorder(chain)
     run_chain(chain, again)
     assert again.calls == ["train", "test", "eval_cams", "report"]

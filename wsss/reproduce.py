@@ -201,7 +201,7 @@ def plan_chain(
 
 
 def run_chain(chain: Chain, runner: Runner | None = None, out: Callable[[str], None] = print) -> ChainResult:
-    """Run the stages of ``chain`` that are not finished, in order, and record each one that finishes.
+    """Run the stages of ``chain`` that are not finished, in order, and record the finished ones.
 
     Prints each stage's start (with its commands and log) and its seconds when done, ``skipped`` for a finished
     one, and at the end the table of stage times; the first stage that fails stops the chain with one error line
@@ -222,7 +222,7 @@ def run_chain(chain: Chain, runner: Runner | None = None, out: Callable[[str], N
     done = record.setdefault("stages", {})
     result, started, n = ChainResult(), time.perf_counter(), len(chain.stages)
     result.stages = [{"stage": s.name, "status": "not run", "seconds": None} for s in chain.stages]
-    run_all = False  # once a stage runs, every later one runs after it
+    run_all, label = False, ""  # once a stage runs, every later one runs after it
     try:
         for i, stage in enumerate(chain.stages, 1):
             label, entry, row = f"[{i}/{n}] {stage.name}", done.get(stage.name), result.stages[i - 1]
@@ -255,11 +255,10 @@ def run_chain(chain: Chain, runner: Runner | None = None, out: Callable[[str], N
                 "outputs": [str(p) for p in stage.outputs], "log": str(log), "seconds": round(row["seconds"], 2),
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }  # fmt: skip
-            _write_record(chain.record, record, result, started)
     except (KeyboardInterrupt, SystemExit):
         result.seconds = time.perf_counter() - started
         _write_record(chain.record, record, result, started)
-        out(f"interrupted; run the same command again to resume (record: {chain.record})")
+        out(f"interrupted during {label}; run the same command again to resume (record: {chain.record})")
         raise
     result.seconds = time.perf_counter() - started
     _write_record(chain.record, record, result, started)
