@@ -237,6 +237,8 @@ def test_run_command_logs_the_output_and_returns_the_status(tmp_path, capsys):
     assert run_command([sys.executable, "-c", "print('quiet')"], log, echo=False) == 0
     assert "quiet" in log.read_text() and "quiet" not in capsys.readouterr().out
     assert log.read_text().count("=== ") == 2  # appended
+    run_command([sys.executable, "-c", "print('a progress bar', end='')"], log)
+    assert capsys.readouterr().out == "a progress bar\n"  # the chain's next line starts on a line of its own
 
 
 def test_the_toy_chain_end_to_end(tmp_path, capsys, one_thread):

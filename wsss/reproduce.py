@@ -294,10 +294,10 @@ def run_command(command: Sequence[str], log: Path, echo: bool = True) -> int:
                     sys.stdout.write(decoder.decode(chunk))
                     sys.stdout.flush()
                 last = chunk[-1:]
-            if echo and last != b"\n":  # a progress bar's last line: the chain's next line starts on its own
-                sys.stdout.write("\n")
             return proc.wait()
         finally:
+            if echo and last != b"\n":  # after a progress bar's last line, the chain's next line starts on its own
+                sys.stdout.write("\n")
             if proc.poll() is None:
                 proc.terminate()
                 try:
