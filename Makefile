@@ -5,11 +5,13 @@ STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 TOY := data/toy_voc
 PYTEST_ARGS ?=
+DATA ?= voc
+REPRODUCE_ARGS ?=
 VENV_FLAGS ?=
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= python3
 
-.PHONY: install install-offline wheelhouse demo test test-fast lint bench-gpu gpu-check clean-venv
+.PHONY: install install-offline wheelhouse demo reproduce test test-fast lint bench-gpu gpu-check clean-venv
 
 # mmengine and mmcv-lite require opencv-python, albumentations opencv-python-headless; both own cv2/, so one
 # overwrites the other's files. Keep the headless one (no GUI libraries needed) and reinstall it whole.
@@ -57,6 +59,12 @@ demo: $(STAMP)
 	$(PY) tools/make_toy_voc.py $(TOY)
 	$(PY) tools/make_cls_labels.py $(TOY) --classes $(TOY)/classes.txt --mask-dir SegmentationClass
 	$(PY) tools/train.py configs/toy_centered.py --overwrite  # the demo trains anew each time
+
+# From nothing to the paper's tables (README, "From nothing to the report"): DATA=voc (the paper, a GPU) or DATA=toy
+# (CPU, minutes). Prepare, train, test --tta --crf, eval_cams --pseudo, report; a re-run skips the finished stages.
+# More options: REPRODUCE_ARGS="--archives DIR --work-dir DIR ...", see python tools/reproduce.py --help.
+reproduce: $(STAMP)
+	$(PY) tools/reproduce.py $(DATA) $(REPRODUCE_ARGS)
 
 # The training step, inference and the evaluator at the paper setting on a GPU (docs/benchmarks.md).
 bench-gpu: $(STAMP)

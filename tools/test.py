@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from wsss.evaluation.metrics import format_table
+    from wsss.evaluation.protocol import run_dir_name
     from wsss.evaluation.split_eval import evaluate_checkpoint
     from wsss.utils.distributed import check_launcher, finish_distributed, rank_and_world
 
@@ -81,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     work_dir = args.work_dir or Path("work_dirs") / Path(args.config).stem
-    split = f"_{Path(args.split).stem}" if args.split else ""
-    run_dir = work_dir / f"test_{args.checkpoint.stem}{split}{'_tta' if args.tta else ''}{'_crf' if args.crf else ''}"
+    run_dir = work_dir / run_dir_name(args.checkpoint, args.split, args.tta, args.crf)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         result = evaluate_checkpoint(cfg, args.checkpoint, run_dir, out=args.out, show_dir=args.show_dir,

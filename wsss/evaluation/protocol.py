@@ -103,6 +103,13 @@ class EvalProtocol:
         return cls(**{**values, "scales": tuple(values["scales"])})
 
 
+def run_dir_name(checkpoint: str | Path, split: str | None, tta: bool, crf: bool) -> str:
+    """The folder ``tools/test.py`` writes a run's ``metrics.json`` to under its work dir:
+    ``test_<checkpoint name>[_<split name>][_tta][_crf]`` (the split only when one is given)."""
+    split_part = f"_{Path(split).stem}" if split else ""
+    return f"test_{Path(checkpoint).stem}{split_part}{'_tta' if tta else ''}{'_crf' if crf else ''}"
+
+
 def is_voc(classes: list[str] | tuple[str, ...]) -> bool:
     """The class list is VOC's 21, in VOC's order."""
     return tuple(classes) == VOC_CLASSES
