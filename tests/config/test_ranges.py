@@ -130,7 +130,7 @@ FITTED = {"infer.crf.workers=1000000"}
 
 @pytest.mark.parametrize(
     ("key", "value", "text", "message"),
-    [bad for bad, name in zip(BAD_VALUES, IDS) if name not in FITTED],
+    [bad for bad, name in zip(BAD_VALUES, IDS, strict=True) if name not in FITTED],
     ids=[name for name in IDS if name not in FITTED],
 )
 def test_refused_from_a_checkpoints_or_an_exports_config(checkpoint, tmp_path, key, value, text, message):
