@@ -190,10 +190,28 @@ def test_changed_settings_run_a_stage_again_another_device_does_not(tmp_path):
     run_chain(chain, Recorder(chain))
     other_device = toy_chain(tmp_path, device="cuda")
     assert run_chain(other_device, Recorder(other_device)).stages[1]["status"] == "skipped"
+    other_split = plan_chain("toy", tmp_path / "data", work_dir=tmp_path / "work", cfg_options=TINY, device="cpu",
+                             num_train=5, num_val=2)  # fmt: skip
+    again = Recorder(other_split)
+    run_chain(other_split, again)
+    assert again.calls == ["make_toy_voc", "make_cls_labels", "train", "test", "eval_cams", "report"]
+
+
+def test_a_finished_training_with_other_settings_is_refused_not_resumed(tmp_path, capsys):
+    """``train --resume`` on a finished run with another learning rate trains nothing and keeps the old weights:
+    the report would show them under the new settings."""
+    chain = toy_chain(tmp_path)
+    run_chain(chain, Recorder(chain))
     other_lr = toy_chain(tmp_path, "optim.lr=0.002")
     again = Recorder(other_lr)
-    run_chain(other_lr, again)
-    assert again.calls == ["train", "test", "eval_cams", "report"]
+    result = run_chain(other_lr, again)
+    assert again.calls == [] and result.returncode == 1
+    assert statuses(result) == ["skipped", "not run", "not run", "not run", "not run"]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"error: [2/5] train: {tmp_path / 'work'} holds a run finished with other settings")
+    (tmp_path / "data" / "toy_voc" / "cls_labels.json").unlink()  # prepare runs again first: still refused
+    assert run_chain(other_lr, again).returncode == 1 and again.calls == ["make_toy_voc", "make_cls_labels"]
+    assert last.endswith(f"give --work-dir for a new run, or delete {tmp_path / 'work'} to train anew")
 
 
 def test_a_stage_that_exits_0_without_its_outputs_fails(tmp_path, capsys):

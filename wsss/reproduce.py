@@ -62,6 +62,9 @@ class Stage:
     name: str
     commands: tuple[tuple[str, ...], ...]
     outputs: tuple[Path, ...]
+    resumes: bool = False
+    """Its command continues what an earlier run left (training's ``--resume``) rather than making it anew: finished
+    with other settings, it is refused, since running it again would keep the earlier run's results."""
 
     def settings(self) -> list[list[str]]:
         """What decides the outputs: each command without the interpreter and the :data:`UNKEYED_OPTIONS`."""
@@ -192,7 +195,7 @@ def plan_chain(
                    *on_device)  # fmt: skip
     stages = (
         Stage("prepare", prepare, ready),
-        Stage("train", (train,), (ckpt,)),
+        Stage("train", (train,), (ckpt,), resumes=True),
         Stage("test --tta --crf", (test,), (work / run_dir_name(ckpt, None, tta=True, crf=True) / "metrics.json",)),
         Stage("eval_cams --pseudo", (pseudo,), (cams / "cam_eval.json",)),
         Stage("report", (_tool("report", work),), (work / "report.md", work / "report.json")),
@@ -220,6 +223,7 @@ def run_chain(chain: Chain, runner: Runner | None = None, out: Callable[[str], N
     runner = runner or run_command
     record = _read_record(chain.record)
     done = record.setdefault("stages", {})
+    earlier = dict(done)  # as the last run left it: a stage that runs drops the later ones' entries
     result, started, n = ChainResult(), time.perf_counter(), len(chain.stages)
     result.stages = [{"stage": s.name, "status": "not run", "seconds": None} for s in chain.stages]
     run_all, label = False, ""  # once a stage runs, every later one runs after it
@@ -230,6 +234,12 @@ def run_chain(chain: Chain, runner: Runner | None = None, out: Callable[[str], N
                 out(f"{label}: finished before, skipped")
                 row.update(status="skipped", seconds=entry["seconds"])
                 continue
+            before = earlier.get(stage.name)
+            if stage.resumes and before is not None and before.get("settings") != stage.settings():
+                result.error = (f"error: {label}: {chain.work_dir} holds a run finished with other settings (recorded "
+                                f"in {chain.record}), which training there would only resume; give --work-dir for a "
+                                f"new run, or delete {chain.work_dir} to train anew")  # fmt: skip
+                break
             run_all = True
             for later in chain.stages[i - 1 :]:
                 done.pop(later.name, None)
