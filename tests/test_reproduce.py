@@ -209,6 +209,9 @@ def test_a_finished_training_with_other_settings_is_refused_not_resumed(tmp_path
     assert statuses(result) == ["skipped", "not run", "not run", "not run", "not run"]
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"error: [2/5] train: {tmp_path / 'work'} holds a run finished with other settings")
+    longer = toy_chain(tmp_path, "train.max_iters=5")  # the README's way to extend a finished run
+    resumed = Recorder(longer)
+    assert run_chain(longer, resumed).returncode == 0 and resumed.calls == ["train", "test", "eval_cams", "report"]
     (tmp_path / "data" / "toy_voc" / "cls_labels.json").unlink()  # prepare runs again first: still refused
     assert run_chain(other_lr, again).returncode == 1 and again.calls == ["make_toy_voc", "make_cls_labels"]
     assert last.endswith(f"give --work-dir for a new run, or delete {tmp_path / 'work'} to train anew")

@@ -46,6 +46,8 @@ PSEUDO_SPLIT = "train"
 UNKEYED_OPTIONS = ("--archives", "--mirror", "--device")
 """Options that choose where inputs come from or where a tool runs, not what it makes: changing them leaves a
 finished stage finished."""
+SCHEDULE_KEY = "train.max_iters"
+"""The one training setting a finished run may change and resume with: its schedule's length."""
 TERMINATE_WAIT_S = 30.0
 """Seconds a stage's process has to exit after SIGTERM (the chain was interrupted) before it is killed."""
 
@@ -64,7 +66,8 @@ class Stage:
     outputs: tuple[Path, ...]
     resumes: bool = False
     """Its command continues what an earlier run left (training's ``--resume``) rather than making it anew: finished
-    with other settings, it is refused, since running it again would keep the earlier run's results."""
+    with other settings (but a longer :data:`SCHEDULE_KEY`), it is refused, since running it again would keep the
+    earlier run's results."""
 
     def settings(self) -> list[list[str]]:
         """What decides the outputs: each command without the interpreter and the :data:`UNKEYED_OPTIONS`."""
@@ -235,7 +238,9 @@ def run_chain(chain: Chain, runner: Runner | None = None, out: Callable[[str], N
                 row.update(status="skipped", seconds=entry["seconds"])
                 continue
             before = earlier.get(stage.name)
-            if stage.resumes and before is not None and before.get("settings") != stage.settings():
+            if stage.resumes and before is not None and _unscheduled(before.get("settings")) != _unscheduled(
+                stage.settings()
+            ):
                 result.error = (f"error: {label}: {chain.work_dir} holds a run finished with other settings (recorded "
                                 f"in {chain.record}), which training there would only resume; give --work-dir for a "
                                 f"new run, or delete {chain.work_dir} to train anew")  # fmt: skip
@@ -331,6 +336,14 @@ def _failure(label: str, command: tuple[str, ...], log: Path, runner: Runner) ->
 
 def _finished(entry: dict[str, Any] | None, stage: Stage) -> bool:
     return entry is not None and entry.get("settings") == stage.settings() and all(p.exists() for p in stage.outputs)
+
+
+def _unscheduled(settings: Any) -> Any:
+    """A stage's settings without ``train.max_iters``: a longer schedule continues a finished training
+    (``--resume``), which no other change of its settings does."""
+    if not isinstance(settings, list):
+        return settings
+    return [[a for a in args if not str(a).startswith(f"{SCHEDULE_KEY}=")] for args in settings]
 
 
 def _read_record(path: Path) -> dict[str, Any]:
