@@ -38,6 +38,13 @@ def write_xml(path: Path, filename: str, size: tuple[int, int], objects: list[tu
     )
 
 
+def assert_same_files(got: dict[str, bytes], expected: dict[str, bytes]) -> None:
+    """Two ``{relative path: bytes}`` maps are equal; else fail naming the paths that differ (pytest's own diff of
+    large byte strings runs for many minutes)."""
+    differ = sorted(k for k in got.keys() | expected.keys() if got.get(k) != expected.get(k))
+    assert not differ, f"{len(differ)} of {len(expected)} files differ (or are missing on one side): {differ[:10]}"
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread: on a shared CPU, oversubscribed OpenMP threads make tiny ops 10x slower."""

@@ -44,7 +44,8 @@ def test_available_cpus_is_the_affinity_mask_not_the_machine():
 
 @pytest.mark.usefixtures("eight_cpus")
 def test_apply_threads_sets_torch_and_omp_num_threads(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun's value is not read
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # under torchrun, 1 is torchrun's own value: not the user's
     before = torch.get_num_threads()
     try:
         assert startup.apply_threads(None, workers=2) == 6
@@ -109,3 +110,24 @@ def test_nvidia_driver_error_is_none_where_any_sign_of_the_driver_is(monkeypatch
     (tmp_path / "version").unlink()
     monkeypatch.setattr(startup, "find_library", lambda name: "libcuda.so.1" if name == "cuda" else None)  # WSL
     assert startup.nvidia_driver_error() is None
+
+
+@pytest.mark.usefixtures("eight_cpus")
+@pytest.mark.parametrize(
+    ("omp", "torchrun", "expected"),
+    [("3", False, 3), ("1", False, 1), ("5", True, 5), ("1", True, 6), (None, False, 6), ("0", False, 6),
+     ("two", False, 6)],
+)  # fmt: skip
+def test_the_users_omp_num_threads_is_the_default_but_torchruns_own_1(monkeypatch, omp, torchrun, expected):
+    """A user's OMP_NUM_THREADS is honoured, as torch honours it; torchrun sets 1 for every rank when the user has
+    not, so under torchrun 1 gives way to the rank's share."""
+    for name, value in (("OMP_NUM_THREADS", omp), ("LOCAL_WORLD_SIZE", "1" if torchrun else None)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    before = torch.get_num_threads()
+    try:
+        assert startup.apply_threads(None, workers=2) == expected == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)

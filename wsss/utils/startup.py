@@ -33,6 +33,7 @@ __all__ = [
     "local_ranks",
     "nvidia_driver_error",
     "refuse",
+    "user_threads",
 ]
 
 
@@ -67,26 +68,37 @@ def default_threads(workers: int = 0) -> int:
     return max(1, available_cpus() // local_ranks() - workers)
 
 
+def user_threads() -> int | None:
+    """The threads the user asked for with ``OMP_NUM_THREADS`` (a positive integer), else None; under torchrun
+    (``LOCAL_WORLD_SIZE`` set) not a value of 1, which torchrun sets for every rank whenever the user has not."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not value.isdigit() or int(value) < 1 or (int(value) == 1 and "LOCAL_WORLD_SIZE" in os.environ):
+        return None
+    return int(value)
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """``--threads N``, the same in every tool (see :func:`apply_threads`)."""
     parser.add_argument(
         "--threads", type=_positive_int, metavar="N",
-        help="torch CPU threads of each rank (default: the CPUs this process may use / the ranks on this node, "
-        "less this rank's worker processes, at least 1; OMP_NUM_THREADS is set to the same for each rank)",
+        help="torch CPU threads of each rank (default: OMP_NUM_THREADS where the user set it, else the CPUs this "
+        "process may use / the ranks on this node, less this rank's worker processes, at least 1; OMP_NUM_THREADS "
+        "is set to the same for each rank)",
     )  # fmt: skip
 
 
 def apply_threads(threads: int | None, workers: int = 0) -> int:
-    """Set this rank's CPU threads: ``threads`` (``--threads``) or :func:`default_threads`; returns the number.
+    """Set this rank's CPU threads: ``threads`` (``--threads``), else :func:`user_threads`, else
+    :func:`default_threads`; returns the number.
 
-    ``OMP_NUM_THREADS`` is set too (torch reads it when it is first imported, and processes started later inherit
-    it). Its earlier value is not read: torchrun sets it to 1 for every rank whenever the user has not.
+    ``OMP_NUM_THREADS`` is set to it too (torch reads it when it is first imported, and processes started later
+    inherit it).
 
     Args:
-        threads: ``--threads``; None takes :func:`default_threads`.
+        threads: ``--threads``; None takes the user's ``OMP_NUM_THREADS`` or the default.
         workers: Worker processes or threads started beside the model (see :func:`default_threads`).
     """
-    count = threads or default_threads(workers)
+    count = threads or user_threads() or default_threads(workers)
     os.environ["OMP_NUM_THREADS"] = str(count)
     import torch
 
