@@ -288,7 +288,8 @@ def test_the_toy_chain_end_to_end(tmp_path, capsys, one_thread):
     assert "scales (1, 1.25, 1.5), flip on, CRF on" in report  # the test stage ran --tta --crf
     assert re.search(r"^\[5/5\] report: \d+\.\d s$", out, re.M)
     times = json.loads(chain.record.read_text())["stages"]
-    assert all(times[name]["seconds"] > 0 for name in NAMES)
+    assert all(times[name]["seconds"] >= 0 for name in NAMES)  # the report takes < 5 ms: 0.0 at 2 decimals
+    assert all(times[name]["seconds"] > 0 for name in NAMES[:4])
 
     third = Recorder(chain, run=in_process)
     assert statuses(run_chain(chain, third)) == ["skipped"] * 5 and third.calls == []

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from wsss.config import load_config, parse_cfg_options
+from wsss.data.prepare import DATASETS
 from wsss.evaluation.protocol import run_dir_name
 from wsss.utils.fileio import atomic_write_text
 
@@ -167,8 +168,6 @@ def plan_chain(
                          "--data-root ROOT instead")  # fmt: skip
     data_root = Path(data_root)
     if dataset == "voc":
-        from wsss.data.prepare import DATASETS  # imports torch: only for the chain that needs it
-
         dataset_root = data_root / DATASETS["voc"].data["root"]
     else:
         dataset_root = data_root / TOY_FOLDER

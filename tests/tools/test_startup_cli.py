@@ -28,8 +28,9 @@ COMPUTING = {  # tool -> arguments that pass its input checks (files: see `input
 }
 NOT_COMPUTING = {  # no torch computation: files, downloads, JSON, PIL decoding
     "check_dataset.py", "convert_coco.py", "convert_sbd.py", "make_cls_labels.py", "make_toy_voc.py",
-    "prepare_data.py", "report.py", "wheelhouse.py",
+    "prepare_data.py", "report.py", "reproduce.py", "wheelhouse.py",
 }  # fmt: skip
+"""(``reproduce.py`` runs the computing tools as processes, each with its own default threads.)"""
 
 
 class Applied(BaseException):
