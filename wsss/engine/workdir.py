@@ -5,8 +5,8 @@ host) for the whole run, so a second run in the same work dir stops at once inst
 checkpoints with the first's. The run deletes the file when it ends, finished or failed; the kernel releases the
 lock when the process ends, however it ends (a killed run leaves the file, unlocked, and the next run takes it).
 A run that opened the file just before its holder deleted it sees that the file it locked is no longer the
-work dir's and takes the new one. A run
-without ``resume`` in a work dir that already holds checkpoints stops too, unless ``overwrite`` is given.
+work dir's and takes the new one. A run without ``resume`` in a work dir that already holds checkpoints stops too,
+unless ``overwrite`` is given.
 Temporaries of killed atomic writes are removed at start.
 
 Nothing of the earlier run is touched until the new one has checked everything that can fail before its first

@@ -7,7 +7,9 @@ wait for each other at the end of each operator. When the cores are shared (othe
 own decoding or CRF processes) a waiting thread is often descheduled, and a ViT forward of thousands of small
 operators then runs several times slower than on one thread: ``tools/test.py --tta`` on a loaded 2-core machine
 ran at 0.17-0.19 img/s on torch's 2 threads and at 0.90-0.95 img/s on one. :func:`default_threads` therefore gives
-each rank its share of the CPUs this process may use, less the worker processes the tool starts beside it.
+each rank its share of the CPUs this process may use, less the worker processes the tool starts beside it. The
+price is on a quiet machine with few cores, where the second thread is free: 2 threads ran the same test 1.4x faster
+on an idle 2-core machine (docs/benchmarks.md); ``--threads`` or the user's ``OMP_NUM_THREADS`` take precedence.
 """
 
 from __future__ import annotations
