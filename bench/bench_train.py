@@ -2,11 +2,15 @@
 
     python bench/bench_train.py --device cuda        # or: make bench-gpu
 
-1. ``--steps`` real training iterations (:func:`wsss.engine.train.iteration`: the step, the device-side non-finite
-   guard, fused AdamW, the schedule) on random crops at the paper setting: DeiT-S/16 with centered attention
-   (``--config``), batch 4, 448 crops, 3-scale + flip CAM, PAR pseudo labels, balanced CE, dense energy; it/s.
+1. ``--steps`` real training iterations (the loop's :func:`wsss.engine.train.iteration_runner`: the step, the
+   device-side non-finite guard, fused AdamW, the schedule; on CUDA replayed as graphs with ``train.cuda_graphs``)
+   on random crops at the paper setting: DeiT-S/16 with centered attention (``--config``), batch 4, 448 crops,
+   3-scale + flip CAM, PAR pseudo labels, balanced CE, dense energy; it/s. With graphs, the same iterations eagerly
+   too (same model and optimiser, after the graphed ones).
 2. Each stage alone, with the same inputs: forward + backward, the CAM pass, PAR pseudo labels, seg CE, the energy
-   loss (blocked, and on CUDA also the fused Triton kernel), the optimiser step.
+   loss (blocked, and on CUDA also the fused Triton kernel), the optimiser step; on CUDA also each stage captured
+   as a CUDA graph and replayed (its GPU time without the host's launches), beside its H100 lower bound from
+   bench/step_on_paper.py.
 3. Peak memory (CUDA allocated; the process's peak RSS on a CPU).
 4. Inference: ``infer.scales`` + flip on ``--images`` random 500 x 375 images, and the confusion-matrix evaluator
    on the same device.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -27,14 +32,16 @@ import time
 import torch
 import torch.nn.functional as F
 from _common import rss_bytes, synchronize
+from step_on_paper import stages as paper_bounds
 
 from wsss.cam import multiscale_cam
 from wsss.config import load_config, parse_cfg_options
 from wsss.data.transforms import backbone_mean_std
+from wsss.engine.graphs import CudaGraphs
 from wsss.engine.optim import NonFiniteGuard, NonFiniteLossError, build_optimizer
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
-from wsss.engine.train import LossMeter, iteration, to_device
+from wsss.engine.train import LossMeter, iteration, iteration_runner, to_device
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.losses import DenseEnergyLoss, balanced_seg_ce
 from wsss.models import build_model
@@ -79,6 +86,38 @@ def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def timed_stage(fn, repeats: int, device: torch.device) -> tuple[float, float | None, object]:
+    """:func:`timed` eagerly and, on CUDA, as a replayed CUDA graph of ``fn`` (None on a CPU)."""
+    eager, out = timed(fn, repeats, device)
+    if device.type != "cuda":
+        return eager, None, out
+    backend = CudaGraphs()
+    backend.warmup(fn)
+    graph, out = backend.capture(fn)
+    replayed, _ = timed(graph.replay, repeats, device)
+    return eager, replayed, out
+
+
+def stage_bounds(cfg, cam_bf16: bool) -> dict[str, float]:
+    """The H100 lower bound (seconds) of each stage of :func:`main`'s table that bench/step_on_paper.py counts; none
+    for another backbone than the paper's DeiT-S, whose shapes step_on_paper.py counts whatever the config."""
+    if cfg.model.backbone != "deit_small_patch16_224" or cfg.model.backbone_kwargs:
+        return {}
+    rows = {name: seconds for name, _, _, _, seconds in paper_bounds(cfg)}
+
+    def row(prefix: str) -> float:
+        return next(v for k, v in rows.items() if k.startswith(prefix))
+
+    return {
+        "forward + backward": row("forward + backward"),
+        "optimiser": row("fused AdamW"),
+        "CAM pass": row("CAM pass, train.cam_dtype=bfloat16" if cam_bf16 else "CAM pass, float32"),
+        "PAR": row("PAR"),
+        "energy loss, blocked": row("energy, blocked"),
+        "energy loss, fused": row("energy, fused"),
+    }
+
+
 def peak_memory(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (CUDA, allocated)"
@@ -112,25 +151,36 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
     guard, meter = NonFiniteGuard(optimizer), LossMeter()
     step = TrainingStep(cfg, mean, std, device)
+    run = iteration_runner(cfg, device, False, model, model, step, optimizer, scheduler, guard, meter)
+    graphs = device.type == "cuda" and cfg.train.cuda_graphs
     b, s = args.batch, args.size
     batch = random_batch(b, s, num_classes - 1, device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(
         f"{cfg.model.backbone} / {cfg.model.attention.name}, batch {b}, {s}x{s}, CAM scales {cfg.cam.scales} + flip, "
         f"PAR {cfg.par.num_iter} it, energy kernel {cfg.loss.reg_kernel!r}, bf16 autocast {step.amp}, CAM pass "
-        f"{cfg.train.cam_dtype if step.amp else 'float32'}; {name}"
+        f"{cfg.train.cam_dtype if step.amp else 'float32'}, CUDA graphs {graphs}; {name}"
     )
 
     # 1. the real loop body; every term is on from loss.seg_start_iter
     first = cfg.loss.seg_start_iter
-    for it in range(first, first + args.warmup):
-        iteration(model, model, step, batch, it, optimizer, scheduler, guard, meter)
-    synchronize(device)
-    tic = time.perf_counter()
-    for it in range(first + args.warmup, first + args.warmup + args.steps):
-        iteration(model, model, step, batch, it, optimizer, scheduler, guard, meter)
-    synchronize(device)
-    per_step = (time.perf_counter() - tic) / args.steps
+
+    def loop(body, start: int) -> float:
+        """Seconds per iteration of ``body(batch, it)`` over ``--steps`` after ``--warmup`` (and the graph capture)."""
+        for it in range(start, start + args.warmup + (cfg.train.cuda_graph_warmup if graphs else 0)):
+            body(batch, it)
+        synchronize(device)
+        tic = time.perf_counter()
+        for it in range(start + 100, start + 100 + args.steps):
+            body(batch, it)
+        synchronize(device)
+        return (time.perf_counter() - tic) / args.steps
+
+    per_step = loop(run, first)
+    eager_step = None
+    if graphs:  # the same model and optimiser, eagerly (its rates now device tensors, read as they are)
+        eager_step = loop(functools.partial(iteration, model, model, step, optimizer=optimizer, scheduler=scheduler,
+                                            guard=guard, meter=meter), first + 1000)  # fmt: skip
     try:
         guard.raise_if_tripped(None)
     except NonFiniteLossError as err:
@@ -138,27 +188,33 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     losses = meter.pop()
 
-    # 2. the stages alone
-    rows: dict[str, float] = {}
+    # 2. the stages alone: (eager s, graph replay s or None, bound key)
+    rows: dict[str, tuple[float, float | None, str | None]] = {}
+
+    def stage(label: str, bound: str | None, fn):
+        eager, replayed, out = timed_stage(fn, args.repeats, device)
+        rows[label] = eager, replayed, bound
+        return out
 
     def forward_backward() -> None:
         loss, _ = step(model, model, batch, 0)  # before seg_start_iter: cls + aux, decoder kept in the graph
         loss.backward()
 
-    rows["forward + backward (cls, aux; decoder in the graph)"], _ = timed(forward_backward, args.repeats, device)
+    stage("forward + backward (cls, aux; decoder in the graph)", "forward + backward", forward_backward)
     finite_loss = torch.zeros((), device=device)
 
     def update() -> None:  # on the gradients of the last forward_backward
         guard.update(finite_loss, first)
         optimizer.step()
 
-    rows["optimiser (non-finite guard + fused AdamW)"], _ = timed(update, args.repeats, device)
+    stage("optimiser (non-finite guard + fused AdamW)", "optimiser", update)
 
     def cam() -> torch.Tensor:
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=step.cam_autocast):
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=step.cam_autocast,
+                                             cache_enabled=False):  # fmt: skip
             return multiscale_cam(model.cam, batch["image"], batch["label"], cfg.cam.scales)
 
-    rows[f"CAM pass ({len(cfg.cam.scales)} scales + flip, no grad)"], cams = timed(cam, args.repeats, device)
+    cams = stage(f"CAM pass ({len(cfg.cam.scales)} scales + flip, no grad)", "CAM pass", cam).clone()
     targets = step.targets(model, batch)
     valid = boxes_to_mask(batch["box"], s, s)
 
@@ -168,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
             cfg.data.ignore_index, batch["max_present"],
         )  # fmt: skip
 
-    rows[f"PAR pseudo labels ({cfg.par.num_iter} iterations, 2 thresholds)"], _ = timed(pseudo, args.repeats, device)
+    stage(f"PAR pseudo labels ({cfg.par.num_iter} iterations, 2 thresholds)", "PAR", pseudo)
     seg = torch.randn(b, num_classes, s // 16, s // 16, device=device, requires_grad=True)
 
     def seg_loss() -> None:
         up = F.interpolate(seg, size=(s, s), mode="bilinear", align_corners=False)
         balanced_seg_ce(up, targets.label, cfg.data.ignore_index).backward()
 
-    rows["seg CE forward + backward"], _ = timed(seg_loss, args.repeats, device)
+    stage("seg CE forward + backward", None, seg_loss)
     kernels = ("blocked", "fused") if device.type == "cuda" else ("blocked",)
     for kernel in kernels:
         energy = DenseEnergyLoss.from_config(dataclasses.replace(cfg.loss, reg_kernel=kernel), cfg.data.ignore_index)
@@ -186,9 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             value.backward()
             return value.detach()
 
-        rows[f"energy loss, {kernel} (scale {cfg.loss.reg_scale}, forward + backward)"], value = timed(
-            energy_loss, args.repeats, device
-        )
+        value = stage(f"energy loss, {kernel} (scale {cfg.loss.reg_scale}, forward + backward)",
+                      f"energy loss, {kernel}", energy_loss)  # fmt: skip
         losses[f"energy ({kernel})"] = float(value)
 
     # 3. inference and the evaluator
@@ -213,17 +268,27 @@ def main(argv: list[str] | None = None) -> int:
 
     eval_s, cm = timed(evaluate, args.repeats, device)
 
-    print("\n| stage | ms | share of one iteration |")
-    print("|---|---:|---:|")
-    print(f"| one training iteration ({args.steps} timed after {args.warmup}) | {per_step * 1e3:.1f} | 100% |")
-    for stage, sec in rows.items():
-        print(f"| {stage} | {sec * 1e3:.1f} | {sec / per_step:.0%} |")
+    bounds = stage_bounds(cfg, step.cam_autocast)
+    print("\n| stage | ms | share of one iteration | as a CUDA graph, ms | H100 bound, ms | graph / bound |")
+    print("|---|---:|---:|---:|---:|---:|")
+    loop_name = "CUDA graphs" if graphs else "eager"
+    print(f"| one training iteration, {loop_name} ({args.steps} timed) | {per_step * 1e3:.1f} | 100% | | | |")
+    if eager_step is not None:
+        print(f"| one training iteration, eager ({args.steps} timed) | {eager_step * 1e3:.1f} | "
+              f"{eager_step / per_step:.0%} | | | |")  # fmt: skip
+    for label, (sec, replayed, bound) in rows.items():
+        graph_ms = f"{replayed * 1e3:.1f}" if replayed is not None else ""
+        bound_ms = f"{bounds[bound] * 1e3:.2f}" if bound in bounds else ""
+        ratio = f"{replayed / bounds[bound]:.1f}x" if replayed is not None and bound in bounds else ""
+        print(f"| {label} | {sec * 1e3:.1f} | {sec / per_step:.0%} | {graph_ms} | {bound_ms} | {ratio} |")
     print(f"| inference, {len(cfg.infer.scales)} scales + flip, {IMAGE_SIZE[1]}x{IMAGE_SIZE[0]}, per image | "
           f"{infer_s * 1e3:.1f} | |")  # fmt: skip
     print(f"| evaluator, {args.images} masks on {device.type} | {eval_s * 1e3:.1f} | |")
-    print(f"\niterations/s: {1 / per_step:.2f} (goal on one H100: 22); 80k iterations: {80000 * per_step / 3600:.2f} h")
+    eager_rate = f"; eager {1 / eager_step:.2f}" if eager_step is not None else ""
+    print(f"\niterations/s: {1 / per_step:.2f} ({loop_name}{eager_rate}; goal on one H100: 30 with the bf16 CAM pass, "
+          f"20 with float32); 20k iterations: {20000 * per_step / 60:.1f} min")  # fmt: skip
     if device.type == "cuda" and len(kernels) == 2:
-        blocked, fused = (rows[k] for k in rows if k.startswith("energy loss"))
+        blocked, fused = (rows[k][0] for k in rows if k.startswith("energy loss"))
         print(f"energy loss fused / blocked time: {fused / blocked:.3f} ({fused * 1e3:.1f} ms, goal <= 5 ms)")
     print(f"peak memory: {peak_memory(device)}")
     print("losses: " + ", ".join(f"{k} {v:.4g}" for k, v in losses.items()))

@@ -32,6 +32,16 @@ primary context and streams; pytorch/pytorch#92627), which a machine without a G
 formulas (each ``grad_fn`` node is called in dependency order, gradients are summed, reduced to their input's
 shape and checked for device as the engine does), so on CPU tensors it gives the engine's gradients exactly.
 
+- With ``no_sync=True``, a blocking copy from the CPU to ``cuda`` (``.to("cuda")``, ``torch.tensor(..., device="cuda")``
+  without ``non_blocking``): CUDA's copy kernel waits for the stream after it (``stream_synchronize``), so the host
+  stalls until the device has finished all work queued before it, as on a real GPU under
+  ``torch.cuda.set_sync_debug_mode("error")``.
+
+On a machine with a real GPU the emulator steps aside: :func:`fake_cuda` runs the block on the real device, with
+``torch.cuda.set_sync_debug_mode("error")`` while ``no_sync`` is set, so every test written for the emulator asserts
+its equalities against the real kernels (a stronger test), and a host read raises CUDA's own error. Tests expect that
+error through :func:`raises_host_sync`. Tests of the emulator itself are marked :data:`emulator_only`.
+
 What cannot run here: Triton kernels (they need device memory), sparse CSR tensors (the torch dense CRF's splat,
 blur and slice products: FakeTensorMode has no sparse layouts, so their constructor reaches the driver; the CRF's
 lattice construction runs here, tests/inference/test_crf.py, and the whole CRF in `make gpu-check`), NCCL and
@@ -66,6 +76,17 @@ needs_fake_cuda = pytest.mark.skipif(
     'Tensor.to("cuda") reaches the CUDA driver before the harness sees it',
 )
 """Mark every test that uses the harness: below :data:`TORCH_FLOOR` it skips, saying why."""
+
+REAL_GPU = torch.cuda.is_available()
+"""A CUDA device is visible: :func:`fake_cuda` runs on it instead of emulating one."""
+emulator_only = pytest.mark.skipif(
+    REAL_GPU,
+    reason="tests the CUDA emulator itself (tests/fake_cuda.py: its error types and messages, its values being the "
+    "CPU's bit for bit), which a visible GPU replaces: here the CUDA tests run on the real device",
+)
+"""Mark a test of the emulator's own behaviour (its error types and messages, values equal to the CPU's)."""
+REAL_SYNC_ERROR = "called a synchronizing CUDA operation"
+"""CUDA's error under ``torch.cuda.set_sync_debug_mode("error")`` (c10/cuda/CUDAFunctions.cpp)."""
 
 CUDA = torch.device("cuda", 0)
 SYNC_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
@@ -167,6 +188,11 @@ class FakeCudaMode(TorchDispatchMode):
         )  # a cuda -> cpu copy: .cpu(), .to("cpu"), .tolist()
         if self.no_sync and (reads_device or copies_to_host):
             raise HostSyncError(f"{func} reads device data on the host (a CUDA sync) inside a no-sync region")
+        if self.no_sync and _blocking_upload(func, args, kwargs):
+            raise HostSyncError(
+                f"{func}: a blocking copy from the CPU to cuda waits for the device (a CUDA sync) inside a no-sync "
+                "region; build the tensor on the device, or copy with non_blocking=True"
+            )
         real_out = func(*tree_map(to_real, args), **real_kwargs)
         if fake_out is None:  # data-dependent: describe the real result on the device
             fake_out = tree_map(
@@ -185,6 +211,18 @@ class FakeCudaMode(TorchDispatchMode):
         if isinstance(real_out, (tuple, list)):
             return type(real_out)(pair(r, f) for r, f in zip(real_out, fake_out, strict=True))
         return pair(real_out, fake_out)
+
+
+def _blocking_upload(func, args, kwargs) -> bool:
+    """``func`` copies a CPU tensor to ``cuda`` without ``non_blocking``: ``_to_copy`` to a cuda device, or ``copy_``
+    into a cuda tensor from a CPU one."""
+    if func is torch.ops.aten._to_copy.default:
+        return not isinstance(args[0], CudaTensor) and _is_cuda(kwargs.get("device")) and not kwargs.get("non_blocking")
+    if func is torch.ops.aten.copy_.default:
+        dst, src = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return isinstance(dst, CudaTensor) and not isinstance(src, CudaTensor) and not non_blocking
+    return False
 
 
 def _check_cuda_kernel_devices(func, args, kwargs) -> None:
@@ -275,13 +313,39 @@ def _from_data(constructor):
     return build
 
 
+class RealCudaMode:
+    """What :func:`fake_cuda` yields on a machine with a GPU: ``no_sync`` switches CUDA's sync debug mode."""
+
+    def __init__(self, no_sync: bool) -> None:
+        self.no_sync = no_sync
+
+    @property
+    def no_sync(self) -> bool:
+        return torch.cuda.get_sync_debug_mode() == 2
+
+    @no_sync.setter
+    def no_sync(self, value: bool) -> None:
+        torch.cuda.set_sync_debug_mode("error" if value else "default")
+
+
 @contextlib.contextmanager
-def fake_cuda(no_sync: bool = False) -> Iterator[FakeCudaMode]:
-    """Run the block with an emulated ``cuda`` device (module docstring).
+def fake_cuda(no_sync: bool = False) -> Iterator[FakeCudaMode | RealCudaMode]:
+    """Run the block with an emulated ``cuda`` device, or on the real one where a GPU is visible (module docstring).
 
     Args:
-        no_sync: Raise :class:`HostSyncError` where an op would make the host wait for the device.
+        no_sync: Raise where an op would make the host wait for the device (:func:`raises_host_sync`).
     """
+    if REAL_GPU:  # float32 as the CPU computes it: no TF32 in matmuls and convolutions
+        tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        mode = RealCudaMode(no_sync)
+        try:
+            yield mode
+        finally:
+            mode.no_sync = False
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+            torch.cuda.synchronize()
+        return
     with (
         mock.patch("torch.cuda.amp.common.amp_definitely_not_available", return_value=False),
         mock.patch("torch.cuda.is_bf16_supported", return_value=True),
@@ -297,8 +361,16 @@ def fake_cuda(no_sync: bool = False) -> Iterator[FakeCudaMode]:
         yield mode
 
 
+def raises_host_sync(op: str | None = None):
+    """``pytest.raises`` for a host read inside a no-sync region: :class:`HostSyncError` naming ``op`` (an ATen op
+    name, a regex) on the emulator; CUDA's own error (:data:`REAL_SYNC_ERROR`, which names no op) on a real GPU."""
+    if REAL_GPU:
+        return pytest.raises(RuntimeError, match=REAL_SYNC_ERROR)
+    return pytest.raises(HostSyncError, match=op)
+
+
 @contextlib.contextmanager
-def no_sync(mode: FakeCudaMode) -> Iterator[None]:
+def no_sync(mode: FakeCudaMode | RealCudaMode) -> Iterator[None]:
     """Inside :func:`fake_cuda`, forbid host reads of device data for the block."""
     before, mode.no_sync = mode.no_sync, True
     try:

@@ -1,5 +1,6 @@
 """The emulated CUDA device of tests/fake_cuda.py is as strict as FakeTensorMode, and its values and gradients are
-the CPU's."""
+the CPU's. Where a GPU is visible, the tests of the device's rules run on the real device (which is what the emulator
+claims to copy); those of the emulator's own machinery skip (:data:`tests.fake_cuda.emulator_only`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tests.fake_cuda import HostSyncError, fake_cuda, graph_backward, needs_fake_cuda
+from tests.fake_cuda import emulator_only, fake_cuda, graph_backward, needs_fake_cuda, no_sync, raises_host_sync
 
 HOST_READS = {
     "item": lambda y: y.sum().item(),
@@ -22,6 +23,7 @@ HOST_READS = {
 
 
 @needs_fake_cuda
+@emulator_only
 def test_a_cpu_tensor_meeting_a_cuda_one_raises_as_under_fake_tensor_mode():
     with FakeTensorMode(), pytest.raises(RuntimeError) as plain:
         torch.empty(4, 4, device="cuda") + torch.ones(4, 4)
@@ -38,14 +40,36 @@ def test_a_cpu_tensor_meeting_a_cuda_one_raises_as_under_fake_tensor_mode():
 def test_host_reads_raise_in_a_no_sync_region_and_give_values_outside(read):
     x = torch.arange(12, dtype=torch.float32).view(4, 3) - 5
     want = HOST_READS[read](x)
-    with fake_cuda(no_sync=True) as mode:
+    with fake_cuda() as mode:
         y = x.to("cuda")
-        with pytest.raises(HostSyncError):
+        with no_sync(mode), raises_host_sync():
             HOST_READS[read](y)
-        mode.no_sync = False
         got = HOST_READS[read](y)
         got = got.cpu() if isinstance(got, torch.Tensor) else got
     assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
+
+
+UPLOADS = {
+    "to": lambda x: x.to("cuda"),
+    "tensor": lambda x: torch.tensor(x.tolist(), device="cuda"),
+    "copy_": lambda x: torch.empty(x.shape, device="cuda").copy_(x),
+}
+
+
+@needs_fake_cuda
+@pytest.mark.parametrize("upload", sorted(UPLOADS))
+def test_a_blocking_copy_to_the_device_is_a_sync_and_a_non_blocking_one_is_not(upload):
+    """CUDA's copy kernel synchronises the stream after a blocking host-to-device copy, so the host waits for every
+    kernel queued before it: inside a no-sync region that raises, as ``torch.cuda.set_sync_debug_mode("error")`` does
+    on a GPU; ``non_blocking=True`` does not wait."""
+    x = torch.arange(6, dtype=torch.float32)
+    with fake_cuda() as mode:
+        with no_sync(mode), raises_host_sync():
+            UPLOADS[upload](x)
+        with no_sync(mode):
+            y = x.to("cuda", non_blocking=True)
+            z = torch.empty(6, device="cuda").copy_(x, non_blocking=True)
+        assert torch.equal(UPLOADS[upload](x).cpu(), x) and torch.equal(y.cpu(), x) and torch.equal(z.cpu(), x)
 
 
 @needs_fake_cuda
@@ -68,6 +92,7 @@ def test_mismatched_dtypes_raise_and_cuda_autocast_applies():
 
 
 @needs_fake_cuda
+@emulator_only
 def test_values_and_gradients_are_the_cpus():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.GELU(), torch.nn.Conv2d(4, 2, 1))
@@ -118,6 +143,7 @@ def test_graph_backward_equals_the_autograd_engine_on_the_cpu():
 
 
 @needs_fake_cuda
+@emulator_only
 def test_indexing_a_cpu_tensor_with_cuda_indices_raises_as_on_a_gpu():
     """ATen's index and index_put_ take indices on the CPU or on the indexed tensor's device: a CPU tensor indexed
     with cuda indices raises on a GPU (the CPU and meta kernels do not check it), a cuda tensor indexed with CPU
@@ -140,6 +166,7 @@ def test_indexing_a_cpu_tensor_with_cuda_indices_raises_as_on_a_gpu():
 
 
 @needs_fake_cuda
+@emulator_only
 @pytest.mark.parametrize("where", ["found_inf", "inv_scale", "grads"])
 def test_the_amp_non_finite_check_needs_every_tensor_on_cuda(where):
     """``_amp_foreach_non_finite_check_and_unscale_`` (GradScaler's unscale, the training's non-finite guard) raises

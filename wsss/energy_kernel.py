@@ -55,7 +55,8 @@ from torch import Tensor
 # Block edges for an H100: a 128 x 64 float32 weight tile is 32 entries per thread at 8 warps (two
 # warpgroups of 64 rows, the wgmma M), the tile shape of Triton's flash-attention tutorial on Hopper;
 # 128-row programs give ceil(50,176 / 128) = 392 programs per 224 x 224 image, about 3 waves on 132 SMs.
-# Chosen from the compiled register use (module docstring), not timed on a GPU.
+# Chosen from the compiled register use (module docstring); the interpreter's blocks, and the first of
+# TUNED_BLOCKS, which Triton's autotuner times against others on a GPU.
 BLOCK_ROWS = 128
 BLOCK_COLS = 64
 NUM_WARPS = 8
@@ -130,10 +131,34 @@ def is_interpreted() -> bool:
     return not isinstance(_gaussian_filter_kernel, triton.JITFunction)
 
 
+TUNED_BLOCKS = (
+    (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS, 1),
+    (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS, 2),
+    (128, 32, 4, 2),
+    (64, 64, 4, 2),
+    (64, 128, 4, 2),
+    (128, 128, 8, 2),
+)
+"""``(BLOCK_ROWS, BLOCK_COLS, num_warps, num_stages)`` that Triton's autotuner times on a GPU at the first call for each
+``(n, D, K)``, keeping the fastest (a configuration that does not fit the chip is skipped). Every one computes the
+same sums, in another order."""
+_tuned_kernel = None
+
+
+def _tuned():
+    """The kernel behind Triton's autotuner over :data:`TUNED_BLOCKS` (made at the first compiled call)."""
+    global _tuned_kernel
+    if _tuned_kernel is None:
+        configs = [triton.Config({"BLOCK_ROWS": r, "BLOCK_COLS": c}, num_warps=w, num_stages=st)
+                   for r, c, w, st in TUNED_BLOCKS]  # fmt: skip
+        _tuned_kernel = triton.autotune(configs=configs, key=["n", "D", "K2"])(_gaussian_filter_kernel)
+    return _tuned_kernel
+
+
 def gaussian_filter_fused(
     features: Tensor,
     values: Tensor,
-    block_rows: int = BLOCK_ROWS,
+    block_rows: int | None = None,
     block_cols: int = BLOCK_COLS,
     num_warps: int = NUM_WARPS,
 ) -> Tensor:
@@ -146,7 +171,8 @@ def gaussian_filter_fused(
     Args:
         features: ``(n, D)`` point features already divided by their bandwidths.
         values: ``(n, K)`` values to filter.
-        block_rows: Rows per program (power of two >= 16).
+        block_rows: Rows per program (power of two >= 16); None: on a GPU the fastest of :data:`TUNED_BLOCKS`
+            (``block_cols`` and ``num_warps`` then ignored), in the interpreter :data:`BLOCK_ROWS`.
         block_cols: Columns per loop step (power of two >= 16).
         num_warps: Warps per program.
 
@@ -168,8 +194,11 @@ def gaussian_filter_fused(
         v[:, :k] = values
         v = torch.cat(split_tf32(v), dim=1)
         out = torch.empty_like(v)
-        if n > 0:
-            _gaussian_filter_kernel[(triton.cdiv(n, block_rows),)](
-                f, v, out, n, D=d, K2=2 * k_pad, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps
+        if n > 0 and block_rows is None and not is_interpreted():
+            _tuned()[lambda meta: (triton.cdiv(n, meta["BLOCK_ROWS"]),)](f, v, out, n, D=d, K2=2 * k_pad)
+        elif n > 0:
+            rows = block_rows or BLOCK_ROWS
+            _gaussian_filter_kernel[(triton.cdiv(n, rows),)](
+                f, v, out, n, D=d, K2=2 * k_pad, BLOCK_ROWS=rows, BLOCK_COLS=block_cols, num_warps=num_warps
             )
     return out[:, :k] + out[:, k_pad : k_pad + k]

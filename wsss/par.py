@@ -73,6 +73,7 @@ class PAR(nn.Module):
         self.w1 = w1
         self.w2 = w2
         self.offsets = neighbour_offsets(self.dilations)
+        self.register_buffer("position", self._position_affinity(), persistent=False)  # on the device with .to()
 
     @classmethod
     def from_config(cls, cfg: ParConfig) -> PAR:
@@ -83,7 +84,11 @@ class PAR(nn.Module):
         return f"dilations={self.dilations}, num_iter={self.num_iter}, w1={self.w1}, w2={self.w2}"
 
     def position_affinity(self) -> Tensor:
-        """The position term ``w2 * softmax(-(r / std_r / w1) ** 2)`` over the K neighbours, ``(K,)``."""
+        """The position term ``w2 * softmax(-(r / std_r / w1) ** 2)`` over the K neighbours, ``(K,)``, on this
+        module's device (a buffer: made once, as a tensor from host values is a blocking copy to a GPU)."""
+        return self.position
+
+    def _position_affinity(self) -> Tensor:
         r = torch.tensor([math.hypot(dy, dx) for dy, dx in self.offsets], dtype=torch.float64)
         score = -((r / (r.std() + STD_EPS) / self.w1) ** 2)
         return (self.w2 * score.softmax(0)).float()

@@ -9,6 +9,7 @@ Triton's CPU interpreter in tests/test_energy_kernel.py and against the blocked 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.fake_cuda import HostSyncError, fake_cuda, needs_fake_cuda, no_sync
+from tests.fake_cuda import fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss import losses
 from wsss.config import Config
 from wsss.data.transforms import backbone_mean_std
@@ -63,10 +64,14 @@ class Trained:
     history: list[dict[str, torch.Tensor]]
 
 
-def train_iterations(cfg: Config, model: WSSSModel, device: torch.device, batch: dict, its=ITERATIONS) -> Trained:
+def train_iterations(
+    cfg: Config, model: WSSSModel, device: torch.device, batch: dict, its=ITERATIONS, mode=None
+) -> Trained:
     """What wsss/engine/train.py does per iteration: the batch to the device, :func:`iteration` (the step under
     autocast, the CAM pass, PAR, pseudo labels, the losses, backward, the non-finite guard, fused AdamW, the
-    scheduler, the loss meter); the meter's device sums are kept per iteration."""
+    scheduler, the loss meter); the meter's device sums are kept per iteration. With the ``mode`` of
+    :func:`fake_cuda`, the iterations (not the set-up: the model's copy to the device waits for it) run in a
+    no-sync region."""
     mean, std = backbone_mean_std(cfg.model.backbone)
     raw = model.to(device).train()
     optimizer = build_optimizer(raw, cfg.optim)
@@ -74,10 +79,11 @@ def train_iterations(cfg: Config, model: WSSSModel, device: torch.device, batch:
     scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
     step = TrainingStep(cfg, mean, std, device)
     guard, history = NonFiniteGuard(optimizer), []
-    for it in its:
-        meter = LossMeter()
-        iteration(raw, raw, step, to_device(batch, device), it, optimizer, scheduler, guard, meter)
-        history.append(meter.sums)
+    with no_sync(mode) if mode is not None else contextlib.nullcontext():
+        for it in its:
+            meter = LossMeter()
+            iteration(raw, raw, step, to_device(batch, device), it, optimizer, scheduler, guard, meter)
+            history.append(meter.sums)
     return Trained(raw, optimizer, scheduler, step, history)
 
 
@@ -87,8 +93,8 @@ def test_training_iterations_run_on_cuda_without_a_host_sync(tmp_path, cam_dtype
     torch.manual_seed(0)
     model, batch = build_model(cfg.model, num_classes=3), make_batch()
     on_cpu = train_iterations(cfg, copy.deepcopy(model), CPU, batch)
-    with fake_cuda(no_sync=True) as mode:
-        on_cuda = train_iterations(cfg, copy.deepcopy(model), CUDA, batch)
+    with fake_cuda() as mode:
+        on_cuda = train_iterations(cfg, copy.deepcopy(model), CUDA, batch, mode=mode)
         assert on_cuda.step.amp and on_cuda.step.cam_autocast == (cam_dtype == "bfloat16")
         assert not on_cpu.step.amp  # autocast runs on CUDA only
         terms = [{"cls", "aux", "loss"}] * 2 + [{"cls", "aux", "seg", "reg", "loss"}]  # seg_start_iter 2
@@ -98,7 +104,6 @@ def test_training_iterations_run_on_cuda_without_a_host_sync(tmp_path, cam_dtype
         params = list(on_cuda.model.parameters())
         assert all(p.device.type == "cuda" for p in params)
         assert all(s.device.type == "cuda" for st in on_cuda.optimizer.state.values() for s in st.values())
-        mode.no_sync = False  # read the results back
         cuda_terms = [{k: v.item() for k, v in h.items()} for h in on_cuda.history]
         cuda_weights = [p.detach().cpu() for p in params]
     cpu_terms = [{k: v.item() for k, v in h.items()} for h in on_cpu.history]
@@ -124,9 +129,8 @@ def test_a_non_finite_loss_skips_the_update_on_the_device(tmp_path):
     model = build_model(cfg.model, num_classes=3)
     batch = make_batch()
     batch["image"][0, 0, 0, 0] = float("nan")
-    with fake_cuda(no_sync=True) as mode:
-        run = train_iterations(cfg, copy.deepcopy(model), CUDA, batch, its=(0,))
-        mode.no_sync = False
+    with fake_cuda() as mode:
+        run = train_iterations(cfg, copy.deepcopy(model), CUDA, batch, its=(0,), mode=mode)
         guard = NonFiniteGuard(run.optimizer)
         guard.first_step.fill_(0)
         with pytest.raises(NonFiniteLossError, match="iteration 0"):
@@ -150,8 +154,8 @@ def test_the_emulated_step_catches_a_tensor_made_on_the_cpu(tmp_path, monkeypatc
     cfg = amp_config(tmp_path, "float32")
     model = build_model(cfg.model, num_classes=3)
     train_iterations(cfg, copy.deepcopy(model), CPU, make_batch())
-    with fake_cuda(no_sync=True), pytest.raises(RuntimeError, match="cuda:0 and cpu|cpu and cuda:0|cuda:0, cpu"):
-        train_iterations(cfg, copy.deepcopy(model), CUDA, make_batch())
+    with fake_cuda() as mode, pytest.raises(RuntimeError, match="cuda:0 and cpu|cpu and cuda:0|cuda:0, cpu"):
+        train_iterations(cfg, copy.deepcopy(model), CUDA, make_batch(), mode=mode)
 
 
 def test_the_emulated_step_catches_a_host_read(tmp_path, monkeypatch):
@@ -166,8 +170,8 @@ def test_the_emulated_step_catches_a_host_read(tmp_path, monkeypatch):
     cfg = amp_config(tmp_path, "float32")
     model = build_model(cfg.model, num_classes=3)
     train_iterations(cfg, copy.deepcopy(model), CPU, make_batch())
-    with fake_cuda(no_sync=True), pytest.raises(HostSyncError, match="_local_scalar_dense"):
-        train_iterations(cfg, copy.deepcopy(model), CUDA, make_batch())
+    with fake_cuda() as mode, raises_host_sync("_local_scalar_dense"):
+        train_iterations(cfg, copy.deepcopy(model), CUDA, make_batch(), mode=mode)
 
 
 def test_the_emulated_step_catches_a_float32_meeting_bf16(tmp_path, monkeypatch):
@@ -187,8 +191,8 @@ def test_the_emulated_step_catches_a_float32_meeting_bf16(tmp_path, monkeypatch)
     cfg = amp_config(tmp_path, "float32")
     model = build_model(cfg.model, num_classes=3)
     train_iterations(cfg, copy.deepcopy(model), CPU, make_batch())
-    with fake_cuda(no_sync=True), pytest.raises(RuntimeError, match="dtype"):
-        train_iterations(cfg, copy.deepcopy(model), CUDA, make_batch())
+    with fake_cuda() as mode, pytest.raises(RuntimeError, match="dtype"):
+        train_iterations(cfg, copy.deepcopy(model), CUDA, make_batch(), mode=mode)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -235,7 +239,7 @@ def test_a_cuda_checkpoint_saves_from_the_cpu_and_loads_back_onto_cuda(tmp_path)
     path = tmp_path / "iter_3.pth"
     with fake_cuda() as mode:
         run = train_iterations(cfg, copy.deepcopy(model), CUDA, make_batch())
-        with no_sync(mode), pytest.raises(HostSyncError):  # saving reads the device: never inside the iteration
+        with no_sync(mode), raises_host_sync():  # saving reads the device: never inside the iteration
             save_checkpoint(path, run.model, cfg, ["background", "cat", "dog"], mean, std, 3, run.optimizer)
         save_checkpoint(path, run.model, cfg, ["background", "cat", "dog"], mean, std, 3, run.optimizer)
         saved = [p.detach().cpu() for p in run.model.parameters()]

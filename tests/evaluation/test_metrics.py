@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.fake_cuda import fake_cuda, needs_fake_cuda
 from wsss.evaluation.metrics import ConfusionMatrix, _count_numpy, _count_torch, format_table
 
 ALL_METRICS = ["mIoU", "mDice", "mFscore"]
@@ -236,17 +237,20 @@ def test_torch_and_numpy_counting_agree(reduce_zero_label: bool, ignore_index: i
         assert expected.sum() == 500
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_matches_cpu() -> None:
+@needs_fake_cuda
+def test_a_cuda_prediction_against_a_numpy_ground_truth_counts_on_the_device_as_on_the_cpu() -> None:
+    """A matrix made without a device takes the first prediction's (the counts move there before they are added)."""
     pairs = random_pairs(5, 21)
-    gpu = ConfusionMatrix(21)
-    for pred, gt in pairs:
-        gpu.update(torch.from_numpy(pred).cuda(), gt)
-    assert gpu.counts.device.type == "cuda"
+    with fake_cuda():
+        gpu = ConfusionMatrix(21)
+        for pred, gt in pairs:
+            gpu.update(torch.from_numpy(pred).to("cuda"), gt)
+        assert gpu.counts.device.type == "cuda"
+        counts = gpu.counts.cpu()
     cpu = ConfusionMatrix(21)
     for pred, gt in pairs:
         cpu.update(pred, gt)
-    torch.testing.assert_close(gpu.counts.cpu(), cpu.counts)
+    assert torch.equal(counts, cpu.counts)
 
 
 def _ddp_worker(rank: int, init_file: str, out_file: str) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fake_cuda import HostSyncError, fake_cuda, needs_fake_cuda, no_sync
+from tests.fake_cuda import REAL_GPU, fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.inference.predictor import Segmenter
 from wsss.inference.runner import InferenceOptions, run_inference
@@ -51,7 +51,10 @@ def test_batched_folder_inference_equals_the_cpu(toy_checkpoint, tmp_path):
         summary = run_inference(ckpt, images, tmp_path / "cuda", options=options, device="cuda")
     assert summary.done == len(list(images.glob("*.jpg"))) >= 4
     for mask in sorted((tmp_path / "cpu" / "masks").glob("*.png")):
-        assert (read_mask(tmp_path / "cuda" / "masks" / mask.name) == read_mask(mask)).all()
+        same = read_mask(tmp_path / "cuda" / "masks" / mask.name) == read_mask(mask)
+        # emulated: the CPU's kernels, every pixel; a real GPU's float32 rounds otherwise, and flipped a few pixels of
+        # near-tied classes at boundaries (an H100, 2026-11-27: this assertion failed when it asked for all)
+        assert same.mean() >= 0.999 if REAL_GPU else same.all(), (mask.name, same.mean())
     logits = sorted((tmp_path / "cpu" / "logits").glob("*.npy"))
     assert logits
     for cpu_file in logits:  # float16; the same kernels, summed in another order in places
@@ -78,7 +81,7 @@ def test_the_evaluator_counts_on_cuda_as_on_the_cpu():
         for pred, gt in pairs:
             gpu.update(pred.to("cuda"), gt.to("cuda"))
         assert gpu.counts.device.type == "cuda"
-        with no_sync(mode), pytest.raises(HostSyncError):  # the result is read on the host, once, at the end
+        with no_sync(mode), raises_host_sync():  # the result is read on the host, once, at the end
             gpu.compute()
         counts = gpu.counts.cpu()
         result = gpu.compute()

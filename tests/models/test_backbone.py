@@ -283,3 +283,33 @@ def test_a_backbone_without_class_position_embedding_runs_with_the_default_resam
         torch.testing.assert_close(ours(x).features, ours.token_map(ref.forward_features(x), (224, 224)),
                                    rtol=0, atol=1e-5)  # fmt: skip
         assert ours(torch.randn(2, 3, 160, 190)).features.shape == (2, 384, 10, 12)
+
+
+def test_a_frozen_position_embedding_is_resampled_once_per_grid_and_again_when_it_changes():
+    """The reference's bicubic grid is kept while the embedding is frozen and unchanged (one CUDA bicubic call per
+    grid instead of three per training step); loading other weights into it, or training it, resamples."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(backbone=TINY_NAME, pretrained="", backbone_kwargs=TINY, attention=AttentionConfig("vanilla"))
+    backbone = build_model_backbone(cfg)
+    vit = backbone.vit
+    assert not vit.pos_embed.requires_grad  # model.freeze_pos_embed, the default
+    zeros = torch.zeros(1, 28, 28, TINY["embed_dim"])
+
+    def expected():
+        grid = vit.pos_embed.detach()[:, 1:].reshape(1, 14, 14, -1).permute(0, 3, 1, 2)
+        return F.interpolate(grid, size=(28, 28), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).flatten(1, 2)
+
+    first = vit._pos_embed(zeros)
+    assert torch.equal(first[:, 1:], expected())
+    held = vit._frozen_grids[(28, 28)][2]
+    vit._pos_embed(zeros)
+    assert vit._frozen_grids[(28, 28)][2] is held  # reused, not resampled
+    with torch.no_grad():
+        vit.pos_embed.mul_(2.0)  # written in place, as load_state_dict does
+    assert torch.equal(vit._pos_embed(zeros)[:, 1:], expected())
+    for size in range(1, 12):  # many image sizes: only the newest few grids are kept
+        vit._pos_embed(torch.zeros(1, size, size, TINY["embed_dim"]))
+    assert len(vit._frozen_grids) == 8 and (28, 28) not in vit._frozen_grids
+    vit.pos_embed.requires_grad_(True)  # trained: resampled at every call, with its gradient
+    vit._pos_embed(zeros).sum().backward()
+    assert vit.pos_embed.grad is not None and vit.pos_embed.grad.abs().sum() > 0

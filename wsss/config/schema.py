@@ -287,6 +287,11 @@ class TrainConfig(Section):
     ``bfloat16`` (autocast, with ``amp`` on a GPU)."""
     compile: bool = False
     """``torch.compile`` the model's forward pass of the training step (the CAM pass and validation run eagerly)."""
+    cuda_graphs: bool = True
+    """On one GPU (not under ``torchrun``, not with ``compile``), run each training iteration as a replayed CUDA graph
+    (:mod:`wsss.engine.graphs`): the same kernels without the host's launch overhead. Off: every iteration eager."""
+    cuda_graph_warmup: int = bounded(2, Range(1, 100))
+    """Eager iterations of each kind of iteration before its graph is captured (:mod:`wsss.engine.graphs`)."""
     val_input: str = choice("crop", "original")
     """Validation input size: ``crop`` resizes each image to ``data.crop_size`` squared and the predictions
     back to the mask (the reference's logged numbers); ``original`` runs at the image's own size."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +41,22 @@ def normalize(image: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]
     return (x - m) / s
 
 
-def denormalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """(B, 3, H, W) normalised -> (B, 3, H, W) in [0, 1] (the inverse of :func:`normalize`)."""
-    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    return (x * s + m).clamp_(0.0, 1.0)
+def denormalize(
+    x: torch.Tensor, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor
+) -> torch.Tensor:
+    """(B, 3, H, W) normalised -> (B, 3, H, W) in [0, 1] (the inverse of :func:`normalize`).
+
+    ``mean`` and ``std`` as values, or as :func:`channel_constants` on ``x``'s device: a tensor made from host values
+    is a blocking copy to a GPU, which makes the host wait for the device (the training step passes tensors).
+    """
+    m = mean if isinstance(mean, torch.Tensor) else channel_constants(mean, x.device)
+    s = std if isinstance(std, torch.Tensor) else channel_constants(std, x.device)
+    return (x * s.to(x.dtype) + m.to(x.dtype)).clamp_(0.0, 1.0)
+
+
+def channel_constants(values: Sequence[float], device: torch.device | str) -> torch.Tensor:
+    """``values`` as a ``(1, C, 1, 1)`` float32 tensor on ``device``, to broadcast over ``(B, C, H, W)``."""
+    return torch.tensor(tuple(values), dtype=torch.float32, device=device).view(1, len(values), 1, 1)
 
 
 @dataclass

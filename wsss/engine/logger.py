@@ -120,7 +120,7 @@ def train_scalars(losses: dict[str, float], optimizer: torch.optim.Optimizer, se
     (``lr/<group name>``) and the time per step."""
     out = {f"loss/{'total' if k == 'loss' else k}": v for k, v in losses.items()}
     for i, group in enumerate(optimizer.param_groups):
-        out[f"lr/{group.get('name', i)}"] = group["lr"]
+        out[f"lr/{group.get('name', i)}"] = float(group["lr"])  # a device tensor under train.cuda_graphs
     out["time/step_s"] = seconds
     return out
 

@@ -49,24 +49,34 @@ class NonFiniteGuard:
         """Index of the first non-finite step, -1 while there is none."""
         self.state_step = torch.full((), -1, dtype=torch.long, device=device)
         """Index of the step whose update first made the optimiser state NaN/inf, -1 while there is none."""
+        self.iteration = torch.full((), -1, dtype=torch.long, device=device)
+        """The index of the step being checked, on the device (:meth:`start`), so that a captured graph reads it."""
         self._one = torch.ones((), device=device)
-        self._it = -1
         optimizer.found_inf = self.found
         optimizer.register_step_post_hook(self._check_state)
 
-    def update(self, loss: Tensor, it: int) -> None:
+    def start(self, it: int) -> None:
+        """Name the step about to be checked (written on the device, outside any captured graph)."""
+        self.iteration.fill_(it)
+
+    def update(self, loss: Tensor, it: int | None = None) -> None:
         """Check ``loss`` and the gradients of step ``it`` (after ``backward``, before ``optimizer.step``).
 
         Every rank takes the same decision (the flags are averaged over ranks), so the replicas stay equal.
+
+        Args:
+            loss: The step's loss.
+            it: The step's index; None when :meth:`start` was given it already (a captured graph).
         """
-        self._it = it
+        if it is not None:
+            self.start(it)
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         found = torch.zeros_like(self.found)
         # GradScaler's check: sets ``found`` where a gradient holds a NaN/inf (multiplying by 1 changes nothing)
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, self._one)
         found = torch.maximum(found, (~torch.isfinite(loss.detach())).float())
         found = (all_reduce_mean(found) > 0).float()
-        self.first_step.copy_(torch.where((found > 0) & (self.found == 0), it, self.first_step))
+        self.first_step.copy_(torch.where((found > 0) & (self.found == 0), self.iteration, self.first_step))
         self.found.copy_(torch.maximum(self.found, found))
 
     def _check_state(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -85,7 +95,7 @@ class NonFiniteGuard:
             return
         found = torch.zeros_like(self.found)
         torch._amp_foreach_non_finite_check_and_unscale_(moments, found, self._one)
-        self.state_step.copy_(torch.where((found > 0) & (self.found == 0), self._it, self.state_step))
+        self.state_step.copy_(torch.where((found > 0) & (self.found == 0), self.iteration, self.state_step))
         self.found.copy_(torch.maximum(self.found, found))
 
     def raise_if_tripped(self, last_good: object) -> None:

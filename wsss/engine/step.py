@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from wsss.cam import multiscale_cam
 from wsss.config import Config, LossConfig
-from wsss.data.transforms import denormalize
+from wsss.data.transforms import channel_constants, denormalize
 from wsss.losses import DenseEnergyLoss, balanced_seg_ce, multilabel_soft_margin
 from wsss.models.segmentor import ModelOutput, WSSSModel, maps_to_pixels
 from wsss.par import PAR
@@ -67,10 +67,11 @@ def pseudo_label_targets(
     boxes: Tensor,
     par: PAR,
     cfg: Config,
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
+    mean: tuple[float, ...] | Tensor,
+    std: tuple[float, ...] | Tensor,
     cam_autocast: bool,
     max_present: int | None,
+    autocast_cache: bool = True,
 ) -> PseudoTargets:
     """Pseudo labels of a batch from the model's own multi-scale CAMs (final classifier), without gradient.
 
@@ -81,14 +82,16 @@ def pseudo_label_targets(
         boxes: (B, 4) valid boxes ``(y0, y1, x0, x1)``.
         par: The refinement module.
         cfg: ``cam.scales``, ``cam.fg_thresh``, ``cam.bg_thresh``, ``par.scale``, ``data.ignore_index``.
-        mean: Normalisation mean of ``images``.
-        std: Normalisation std.
+        mean: Normalisation mean of ``images`` (values, or :func:`wsss.data.transforms.channel_constants` on their
+            device, which spares the upload).
+        std: Normalisation std, likewise.
         cam_autocast: Run the CAM pass under bf16 autocast (``train.cam_dtype == "bfloat16"`` with amp).
         max_present: The largest number of classes in one image of the batch, counted on the host (None: counted
             on the device, which waits for it).
+        autocast_cache: Autocast's cache of cast weights (off inside a captured graph).
     """
     h, w = images.shape[-2:]
-    with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=cam_autocast):
+    with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=cam_autocast, cache_enabled=autocast_cache):
         cams = multiscale_cam(model.cam, images, labels, cfg.cam.scales)
     rgb = denormalize(images.float(), mean, std)
     valid = boxes_to_mask(boxes, h, w)
@@ -151,17 +154,19 @@ class TrainingStep:
 
     def __init__(self, cfg: Config, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device):
         self.cfg = cfg
-        self.mean, self.std = mean, std
+        self.mean, self.std = channel_constants(mean, device), channel_constants(std, device)  # uploaded once
         self.par = PAR.from_config(cfg.par).to(device)
         self.energy = DenseEnergyLoss.from_config(cfg.loss, cfg.data.ignore_index)
         self.amp = cfg.train.amp and device.type == "cuda"
         self.cam_autocast = self.amp and cfg.train.cam_dtype == "bfloat16"
+        self.autocast_cache = True
+        """Autocast's cache of cast weights; :class:`wsss.engine.graphs.GraphedIteration` turns it off."""
 
     def targets(self, raw_model: WSSSModel, batch: dict) -> PseudoTargets:
         """:func:`pseudo_label_targets` of a batch with this step's constants."""
         return pseudo_label_targets(
             raw_model, batch["image"], batch["label"], batch["box"], self.par, self.cfg, self.mean, self.std,
-            self.cam_autocast, batch.get("max_present"),
+            self.cam_autocast, batch.get("max_present"), self.autocast_cache,
         )  # fmt: skip
 
     def __call__(self, model: nn.Module, raw_model: WSSSModel, batch: dict, it: int) -> tuple[Tensor, dict]:
@@ -175,7 +180,9 @@ class TrainingStep:
             it: The 0-based iteration.
         """
         weights = loss_weights(it, self.cfg.loss)
-        with torch.autocast(batch["image"].device.type, dtype=torch.bfloat16, enabled=self.amp):
+        with torch.autocast(
+            batch["image"].device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=self.autocast_cache
+        ):
             out = model(batch["image"])
         dense = weights["seg"] > 0 or weights["reg"] > 0
         targets = self.targets(raw_model, batch) if dense else None

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import TaggedValDataset, VOCClsDataset, VOCSegDataset, val_dataset
 from wsss.engine.checkpoint import rng_state, save_checkpoint, set_rng_state
 from wsss.engine.distributed import ResumableSampler
+from wsss.engine.graphs import GraphedIteration
 from wsss.engine.logger import RunLogger, chance_warning, start_summary, train_scalars, val_scalars
 from wsss.engine.optim import NonFiniteGuard, build_optimizer
 from wsss.engine.resume import config_changes, find_checkpoint, restore_training_state
@@ -257,6 +258,9 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     step = TrainingStep(cfg, mean, std, dist_info.device)
     guard = NonFiniteGuard(optimizer)
     meter = LossMeter()
+    run_iteration = iteration_runner(
+        cfg, dist_info.device, dist_info.enabled, model, raw_model, step, optimizer, scheduler, guard, meter
+    )
     result = TrainResult(work_dir=work, checkpoint=ckpt_path, step=start, model=raw_model, is_main=dist_info.is_main)
     model.train()
     bar = tqdm(
@@ -277,7 +281,7 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     for it in range(start, cfg.train.max_iters):
         batch = to_device(next(data), dist_info.device)
         skipped += [line for line in batch["skipped"] if line]  # unreadable images the loader passed over
-        iteration(model, raw_model, step, batch, it, optimizer, scheduler, guard, meter)
+        run_iteration(batch, it)
         done = it + 1
         result.step = done
         bar.update(1)
@@ -317,6 +321,32 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     bar.close()
     log.close()
     return result
+
+
+def iteration_runner(
+    cfg: Config,
+    device: torch.device,
+    distributed: bool,
+    model: torch.nn.Module,
+    raw_model: WSSSModel,
+    step: TrainingStep,
+    optimizer: torch.optim.Optimizer,
+    scheduler: PolyWarmupScheduler,
+    guard: NonFiniteGuard,
+    meter: LossMeter,
+) -> Callable[[dict, int], None]:
+    """``run(batch, it)``: one iteration, as replayed CUDA graphs on a single GPU with ``train.cuda_graphs`` (and
+    neither DDP, ``distributed``, nor ``train.compile``), else :func:`iteration`."""
+    if cfg.train.cuda_graphs and device.type == "cuda" and not distributed and not cfg.train.compile:
+        graphed = GraphedIteration(raw_model, step, optimizer, scheduler, guard, cfg.train.cuda_graph_warmup)
+
+        def run(batch: dict, it: int) -> None:
+            loss, terms = graphed(batch, it)
+            meter.add({**terms, "loss": loss})
+
+        return run
+    return functools.partial(iteration, model, raw_model, step, optimizer=optimizer, scheduler=scheduler, guard=guard,
+                             meter=meter)  # fmt: skip
 
 
 def _start_from(model: WSSSModel, path: str, model_cfg: ModelConfig, classes: list[str]) -> str:

@@ -159,7 +159,8 @@ class ConfusionMatrix:
 
     def update(self, pred: torch.Tensor | np.ndarray, gt: torch.Tensor | np.ndarray) -> None:
         """Accumulate one pair (see :meth:`count` for the arguments)."""
-        self.counts += self.count(pred, gt)
+        counts = self.count(pred, gt)  # first: it moves ``self.counts`` to the device of the first prediction
+        self.counts += counts
 
     def merge(self, other: ConfusionMatrix | torch.Tensor) -> ConfusionMatrix:
         """Add another matrix's counts (or a (C + 2, C + 1) counts tensor, dense or sparse) in place."""
