@@ -2,7 +2,7 @@
 
 An eager iteration issues about 2,000 kernels (the paper setting; 1,300 for the toy config) from Python, and on an
 H100 the host cannot issue them as fast as the GPU runs them: the toy config's iteration took 47 ms eagerly and 6.7 ms
-as one replayed graph (measured on an H100, docs/benchmarks.md). A replay runs the same kernels on the same memory, so
+captured by hand as one graph (an H100 probe, docs/benchmarks.md). A replay runs the same kernels on the same memory, so
 everything the Python code of an iteration decides must be fixed for the graph, and everything that changes between
 iterations must live in device memory the graph reads:
 
@@ -17,7 +17,8 @@ iterations must live in device memory the graph reads:
 
 The first ``train.cuda_graph_warmup`` iterations of each kind run eagerly on a side stream (lazy initialisation,
 autotuning, the gradients' first allocation), the next is captured and run, and every later one replays. All graphs
-share one memory pool: their outputs (the loss terms) are read right after each replay, before another graph runs.
+share one memory pool, so one graph's outputs may lie where another keeps its intermediates: the loss terms are copied
+out after each replay.
 Autocast runs without its cast cache (a cached cast made inside a capture would be reused outside it).
 
 The eager :func:`wsss.engine.train.iteration` stays the reference. :class:`ReplayGraphs` is the CPU's twin of CUDA
