@@ -299,7 +299,9 @@ def _total(
     return offered if archive.size is None else archive.size
 
 
-def _receive(response, part: Path, offset: int, total: int | None, url: str, opts: FetchOptions) -> int:
+def _receive(
+    response: http.client.HTTPResponse, part: Path, offset: int, total: int | None, url: str, opts: FetchOptions
+) -> int:
     """Append the body to ``part`` as it arrives, up to ``total`` bytes in all; returns the part's size.
 
     Each read returns what has come (at most ``opts.chunk_bytes``) and is flushed at once: a kill keeps it, and the
