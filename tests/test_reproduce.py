@@ -317,3 +317,17 @@ def test_cli_runs_the_chain_as_processes(tmp_path):
     assert re.search(r"^\[4/5\] eval_cams --pseudo: \d+\.\d s$", run.stdout, re.M)
     again = subprocess.run([*args, "--quiet"], cwd=repo, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("finished before, skipped") == 5, again.stdout
+
+
+def test_checksums_go_to_the_prepare_stage_and_another_file_reruns_nothing(tmp_path, capsys):
+    def voc_chain(checksums: Path | None) -> Chain:
+        return plan_chain("voc", tmp_path / "data", work_dir=tmp_path / "work", device="cpu", checksums=checksums)
+
+    chain = voc_chain(tmp_path / "MD5SUMS")
+    assert shlex.join(chain.stages[0].commands[0][1:]) == (
+        f"tools/prepare_data.py voc {tmp_path / 'data'} --checksums {tmp_path / 'MD5SUMS'}")  # fmt: skip
+    run_chain(chain, Recorder(chain))
+    for other in (voc_chain(tmp_path / "OTHER"), voc_chain(None)):
+        assert statuses(run_chain(other, Recorder(other))) == ["skipped"] * 5
+    assert reproduce_cli.main(["toy", "--checksums", str(tmp_path / "MD5SUMS")]) == 2
+    assert capsys.readouterr().err == "error: --checksums applies to the voc chain only\n"

@@ -1,12 +1,12 @@
 """From nothing to the paper's tables in one command: prepare, train, test, pseudo labels, report (make reproduce).
 
-    python tools/reproduce.py voc [--data-root ROOT] [--archives DIR] [--mirror URL] [--work-dir DIR]
+    python tools/reproduce.py voc [--data-root ROOT] [--archives DIR] [--mirror URL] [--checksums FILE] [--work-dir DIR]
         [--config FILE] [--cfg-options k=v ...] [--device cuda|cpu] [--quiet]
     python tools/reproduce.py toy [--data-root ROOT] [--num-train N] [--num-val N] [...]
 
 Stages (wsss/reproduce.py), each the tool's own command:
-  1. prepare   voc: tools/prepare_data.py voc ROOT (--archives / --mirror passed on) -> ROOT/VOCdevkit/VOC2012;
-               toy: tools/make_toy_voc.py ROOT/toy_voc and tools/make_cls_labels.py, as make demo
+  1. prepare   voc: tools/prepare_data.py voc ROOT -> ROOT/VOCdevkit/VOC2012 (--archives, --mirror, --checksums
+               passed on); toy: tools/make_toy_voc.py ROOT/toy_voc and tools/make_cls_labels.py, as make demo
   2. train     tools/train.py CONFIG --resume (configs/voc_centered.py; toy: configs/toy_centered.py)
   3. test      tools/test.py CONFIG CKPT --tta --crf: val mIoU, multi-scale + flip + dense CRF (Tables 1-2)
   4. pseudo    tools/eval_cams.py CKPT --split train --pseudo: pseudo labels on train (Table 3)
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     parser.add_argument("--archives", type=Path, metavar="DIR", help="voc: the archives you already have")
     parser.add_argument("--mirror", metavar="URL", help="voc: download URL/<archive name>")
+    parser.add_argument("--checksums", type=Path, metavar="FILE", help="voc: MD5s to check ('<md5>  <name>' lines)")
     parser.add_argument("--num-train", type=int, help="toy: train images (default: make_toy_voc.py's)")
     parser.add_argument("--num-val", type=int, help="toy: val images (default: make_toy_voc.py's)")
     parser.add_argument("--quiet", action="store_true", help="the stages' output to their logs only")
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chain = plan_chain(args.dataset, args.data_root, work_dir=args.work_dir, config=args.config,
                            cfg_options=args.cfg_options, device=args.device, archives=args.archives,
-                           mirror=args.mirror, num_train=args.num_train, num_val=args.num_val)  # fmt: skip
+                           mirror=args.mirror, checksums=args.checksums, num_train=args.num_train,
+                           num_val=args.num_val)  # fmt: skip
         return run_chain(chain, partial(run_command, echo=not args.quiet)).returncode
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

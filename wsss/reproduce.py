@@ -2,8 +2,9 @@
 
 The stages, in order, each the tool's own command line run as its own process:
 
-1. prepare: ``tools/prepare_data.py voc ROOT`` (VOC 2012 + SBD, checksums checked; ``--archives`` / ``--mirror``
-   passed on), or for the toy set ``tools/make_toy_voc.py`` and ``tools/make_cls_labels.py``, as ``make demo``;
+1. prepare: ``tools/prepare_data.py voc ROOT`` (VOC 2012 + SBD, checksums checked; ``--archives``, ``--mirror``,
+   ``--checksums`` passed on), or for the toy set ``tools/make_toy_voc.py`` and ``tools/make_cls_labels.py``, as
+   ``make demo``;
 2. train: ``tools/train.py CONFIG --resume``: a run that was interrupted continues from its newest checkpoint;
 3. test: ``tools/test.py CONFIG CKPT --tta --crf`` on the val split (multi-scale + flip + dense CRF; Tables 1-2);
 4. pseudo labels: ``tools/eval_cams.py CKPT --split train --pseudo`` (Table 3: the pseudo labels of the training
@@ -44,7 +45,7 @@ TOY_FOLDER = "toy_voc"
 """The toy set's folder under ROOT (``data/toy_voc``, where ``configs/toy_centered.py`` reads it)."""
 PSEUDO_SPLIT = "train"
 """The split whose pseudo labels are scored (the paper's Table 3: "pseudo labels produced on the training set")."""
-UNKEYED_OPTIONS = ("--archives", "--mirror", "--device")
+UNKEYED_OPTIONS = ("--archives", "--mirror", "--checksums", "--device")
 """Options that choose where inputs come from or where a tool runs, not what it makes: changing them leaves a
 finished stage finished."""
 SCHEDULE_KEY = "train.max_iters"
@@ -134,6 +135,7 @@ def plan_chain(
     device: str | None = None,
     archives: str | Path | None = None,
     mirror: str | None = None,
+    checksums: str | Path | None = None,
     num_train: int | None = None,
     num_val: int | None = None,
 ) -> Chain:
@@ -150,6 +152,8 @@ def plan_chain(
         device: ``cuda`` or ``cpu`` for training and evaluation (default: CUDA when available).
         archives: VOC only: the folder of archives the user already has (``tools/prepare_data.py --archives``).
         mirror: VOC only: a mirror's address (``--mirror``).
+        checksums: VOC only: an md5sum-format file of the MD5s to check instead of the published ones
+            (``--checksums``, for a mirror's or a lab's own copies).
         num_train: Toy only: images of the train split (``tools/make_toy_voc.py --num-train``).
         num_val: Toy only: images of the val split (``--num-val``).
 
@@ -160,7 +164,8 @@ def plan_chain(
     if dataset not in CONFIGS:
         raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(CONFIGS)}")
     toy_only = [name for name, v in (("--num-train", num_train), ("--num-val", num_val)) if v is not None]
-    voc_only = [name for name, v in (("--archives", archives), ("--mirror", mirror)) if v is not None]
+    voc_only = [name for name, v in (("--archives", archives), ("--mirror", mirror), ("--checksums", checksums))
+                if v is not None]  # fmt: skip
     if wrong := (voc_only if dataset == "toy" else toy_only):
         raise ValueError(f"{', '.join(wrong)} applies to the {'voc' if dataset == 'toy' else 'toy'} chain only")
     if given := [o for o in cfg_options if o.split("=", 1)[0] == "data.root"]:
@@ -181,7 +186,8 @@ def plan_chain(
     split_files = (dataset_root / "ImageSets" / "Segmentation" / f"{s}.txt" for s in splits)
     ready = (dataset_root / data.label_file, *split_files)
     if dataset == "voc":
-        sources = [*(["--archives", str(archives)] if archives else []), *(["--mirror", mirror] if mirror else [])]
+        sources = [*(["--archives", str(archives)] if archives else []), *(["--mirror", mirror] if mirror else []),
+                   *(["--checksums", str(checksums)] if checksums else [])]  # fmt: skip
         prepare = (_tool("prepare_data", "voc", data_root, *sources),)
     else:
         sizes = [*(["--num-train", num_train] if num_train else []), *(["--num-val", num_val] if num_val else [])]

@@ -1,16 +1,21 @@
-"""Small archives with the internal layout of the real VOC 2012, SBD and COCO 2014 ones, and a local HTTP server
-(Range requests, a download cut midway on demand) that serves them to the data-preparation tests."""
+"""Small archives with the internal layout of the real VOC 2012, SBD and COCO 2014 ones, a local HTTP server that
+serves them to the data-preparation tests (Range requests; on demand a download cut midway, sent at another pace,
+with other headers, or a redirect), and a disk of a chosen free space."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shutil
 import tarfile
 import threading
 import zipfile
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from scipy.io import savemat
@@ -104,16 +109,37 @@ def record(path: Path, url: str = "http://127.0.0.1:9/unreachable") -> Archive:
     return Archive(path.name, f"{url}/{path.name}", md5=hashlib.md5(path.read_bytes()).hexdigest())
 
 
+def limit_disk(monkeypatch, folder: Path, free: int) -> None:
+    """Make every free-space query see a disk with ``free`` bytes free now, less what is written under ``folder``
+    from now on."""
+    before = _bytes_under(folder)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(free=free - (_bytes_under(folder) - before)))
+
+
+def _bytes_under(folder: Path) -> int:
+    return sum(os.lstat(os.path.join(top, f)).st_size for top, _, files in os.walk(folder) for f in files)
+
+
+Sender = Callable[[object, bytes], None]
+"""Writes a body to the client's socket file (``wfile``), at its own pace."""
+
+
 class ArchiveServer:
     """Serves the files of ``folder`` on 127.0.0.1 with Range support; records every request's path and Range
     header; ``cut[name] = n`` makes the next download of ``name`` stop after ``n`` bytes (connection closed);
-    ``ranges = False`` makes it answer every request with the whole file, as servers without Range support do."""
+    ``ranges = False`` makes it answer every request with the whole file, as servers without Range support do;
+    ``restart = True`` makes it answer a Range request with a 206 from byte 0; ``headers[name]`` replaces headers of
+    ``name``'s answer (None: not sent); ``send[name]`` writes its body; ``redirect[name]`` answers with a 302 there."""
 
     def __init__(self, folder: Path):
         self.folder = folder
         self.requests: list[tuple[str, str | None]] = []
         self.cut: dict[str, int] = {}
         self.ranges = True
+        self.restart = False
+        self.headers: dict[str, dict[str, str | None]] = {}
+        self.send: dict[str, Sender] = {}
+        self.redirect: dict[str, str] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
@@ -133,6 +159,12 @@ class ArchiveServer:
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 name = self.path.lstrip("/")
                 server.requests.append((name, self.headers.get("Range")))
+                if name in server.redirect:
+                    self.send_response(302)
+                    self.send_header("Location", server.redirect[name])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 path = server.folder / name
                 if not path.is_file():
                     self.send_error(404)
@@ -144,15 +176,22 @@ class ArchiveServer:
                     self.send_error(416)
                     return
                 self.send_response(206 if match else 200)
+                start = 0 if server.restart else start
+                headers = {"Content-Length": str(len(data) - start)}
                 if match:
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                self.send_header("Content-Length", str(len(data) - start))
+                    headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                for key, value in {**headers, **server.headers.get(name, {})}.items():
+                    if value is not None:
+                        self.send_header(key, value)
                 self.end_headers()
                 body = data[start:]
                 if name in server.cut:
                     body = body[: server.cut.pop(name)]
                     self.close_connection = True
-                self.wfile.write(body)
+                try:
+                    server.send.get(name, lambda wfile, body: wfile.write(body))(self.wfile, body)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up
+                    self.close_connection = True
 
             def log_message(self, *args) -> None:
                 pass

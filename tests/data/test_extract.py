@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import errno
 import io
+import os
+import re
+import stat
 import tarfile
 import zipfile
 from dataclasses import replace
 
 import pytest
 
+from tests.data.archive_server import limit_disk
 from wsss.data.download import FetchOptions, PrepareError
 from wsss.data.extract import extract_archive
 
@@ -31,6 +35,7 @@ def add_link(tar: tarfile.TarFile, name: str, target: str, kind: bytes) -> None:
 @pytest.mark.parametrize(
     ("member", "why"),
     [("../evil.txt", "a '..' part"), ("top/../../evil.txt", "a '..' part"), ("/tmp/evil.txt", "an absolute path"),
+     ("..\\evil.txt", "a '..' part"), ("top\\..\\..\\evil.txt", "a '..' part"),
      ("top/link", "a link"), ("top/hard", "a link"), ("top/fifo", "a device or pipe")],
 )  # fmt: skip
 def test_unsafe_tar_member_refused_and_nothing_left(tmp_path, member, why):
@@ -48,14 +53,16 @@ def test_unsafe_tar_member_refused_and_nothing_left(tmp_path, member, why):
         else:
             add_file(tar, member)
     dest = tmp_path / "dest"
-    with pytest.raises(PrepareError, match=rf"^{archive}: member '{member}' is {why}, .* delete it and download"):
+    named = re.escape(repr(member))
+    with pytest.raises(PrepareError, match=rf"^{archive}: member {named} is {why}, .* delete it and download"):
         extract_archive(archive, dest, OPTS)
     assert list(dest.iterdir()) == []  # no top/ with good.txt, no partial folder
     assert not (tmp_path / "evil.txt").exists()
 
 
 @pytest.mark.parametrize(("member", "why"), [("../evil.txt", "a '..' part"), ("/abs.txt", "an absolute path"),
-                                             ("C:/win.txt", "an absolute path"), ("top/link", "a link")])  # fmt: skip
+                                             ("..\\evil.txt", "a '..' part"), ("C:/win.txt", "an absolute path"),
+                                             ("top/link", "a link")])  # fmt: skip
 def test_unsafe_zip_member_refused(tmp_path, member, why):
     archive = tmp_path / "x.zip"
     with zipfile.ZipFile(archive, "w") as zf:
@@ -65,7 +72,7 @@ def test_unsafe_zip_member_refused(tmp_path, member, why):
             info.external_attr = 0o120777 << 16  # a symbolic link, as zip -y stores it
         zf.writestr(info, "/etc/passwd")
     dest = tmp_path / "dest"
-    with pytest.raises(PrepareError, match=rf"member '{member}' is {why}"):
+    with pytest.raises(PrepareError, match=rf"member {re.escape(repr(member))} is {why}"):
         extract_archive(archive, dest, OPTS)
     assert list(dest.iterdir()) == []
 
@@ -126,3 +133,71 @@ def test_disk_full_while_unpacking_in_one_line(tmp_path, monkeypatch):
     with pytest.raises(PrepareError, match=r"dest: the disk is full while unpacking a.zip; free some space and run"):
         extract_archive(archive, tmp_path / "dest", OPTS)
     assert list((tmp_path / "dest").iterdir()) == []
+
+
+def test_tar_modes_are_made_safe(tmp_path):
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo("top/run.sh")
+        info.size, info.mode = 4, 0o6777  # setuid, setgid, writable by anyone
+        tar.addfile(info, io.BytesIO(b"data"))
+    extract_archive(archive, tmp_path / "dest", OPTS)
+    mode = os.stat(tmp_path / "dest" / "top" / "run.sh").st_mode
+    assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWGRP | stat.S_IWOTH), oct(mode)
+
+
+def test_tar_refused_before_unpacking_when_its_size_does_not_fit(tmp_path, monkeypatch):
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as tar:
+        add_file(tar, "top/x.bin", bytes(50_000))
+    limit_disk(monkeypatch, tmp_path, free=archive.stat().st_size - 1)  # the members fit, the archive does not
+    unpacked = []
+    monkeypatch.setattr(tarfile.TarFile, "extract", lambda tar, member, *a, **k: unpacked.append(member))
+    with pytest.raises(PrepareError, match=r"dest/.a.tar.partial: a.tar needs 0.00 GiB and 0.00 GiB are free"):
+        extract_archive(archive, tmp_path / "dest", OPTS)
+    assert unpacked == [] and list((tmp_path / "dest").iterdir()) == []
+
+
+def test_gzip_bomb_stops_before_the_member_that_would_fill_the_disk(tmp_path, monkeypatch):
+    archive = tmp_path / "bomb.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        add_file(tar, "top/small.txt", b"x" * 1000)
+        add_file(tar, "top/zeros.bin", bytes(32 << 20))  # 32 MiB of zeros, about 32 KiB compressed
+    assert archive.stat().st_size < 1 << 20
+    dest = tmp_path / "dest"
+    limit_disk(monkeypatch, tmp_path, free=8 << 20)
+    with pytest.raises(PrepareError, match=rf"^{dest}: unpacking bomb.tgz stopped before member 'top/zeros.bin' "
+                                           r"\(33,554,432 bytes\), 0.01 GiB are free \(keeping 0.00 GiB spare\); free "
+                                           "some space or choose another ROOT$"):  # fmt: skip
+        extract_archive(archive, dest, replace(OPTS, min_free_bytes=1 << 20))
+    assert list(dest.iterdir()) == []
+
+
+def test_disk_filled_by_another_writer_stops_the_next_member(tmp_path, monkeypatch):
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("top/a.txt", "a" * 1000)
+        zf.writestr("top/b.txt", "b" * 1000)
+    limit_disk(monkeypatch, tmp_path, free=1 << 20)
+    extract = zipfile.ZipFile.extract
+
+    def and_another_writer(zf, info, path):
+        extract(zf, info, path)
+        (tmp_path / "other.bin").write_bytes(bytes(1 << 20))  # someone else fills the disk meanwhile
+
+    monkeypatch.setattr(zipfile.ZipFile, "extract", and_another_writer)
+    with pytest.raises(PrepareError, match=r"unpacking a.zip stopped before member 'top/b.txt' \(1,000 bytes\)"):
+        extract_archive(archive, tmp_path / "dest", OPTS)
+    assert list((tmp_path / "dest").iterdir()) == []
+
+
+def test_a_clash_moves_nothing_into_place(tmp_path):
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as tar:
+        add_file(tar, "VOCdevkit/x.txt")
+        add_file(tar, "benchmark_RELEASE/y.txt")
+    dest = tmp_path / "dest"
+    (dest / "benchmark_RELEASE").mkdir(parents=True)  # the second top-level name in sorted order
+    with pytest.raises(PrepareError, match=rf"{dest / 'benchmark_RELEASE'} exists but was not unpacked"):
+        extract_archive(archive, dest, OPTS)
+    assert sorted(p.name for p in dest.iterdir()) == ["benchmark_RELEASE"]

@@ -1,11 +1,17 @@
 """``tools/prepare_data.py`` end to end on small archives with the real ones' layout, served on 127.0.0.1 or taken
-from a folder: the whole chain to a dataset check_dataset accepts, resume, refusal of a corrupt archive, re-runs."""
+from a folder: the whole chain to a dataset check_dataset accepts, resume, refusal of a corrupt archive, re-runs,
+damaged records, Ctrl-C, and one line for every wrong option."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +20,9 @@ from tests.data.archive_server import TRAIN_AUG, ArchiveServer, make_coco_archiv
 from tools import check_dataset as check_dataset_cli
 from tools import prepare_data
 from wsss.config import load_config
+from wsss.data import prepare as prepare_module
 from wsss.data.classes import VOC_CLASSES
-from wsss.data.download import Archive
+from wsss.data.download import Archive, PrepareError
 from wsss.data.labels import load_labels
 from wsss.data.prepare import DATASETS
 from wsss.data.sbd import read_sbd_mat
@@ -64,7 +71,7 @@ def test_voc_from_nothing_to_a_checked_dataset_then_rerun_skips(voc_served, tmp_
     server, sums, _ = voc_served
     root = tmp_path / "data"
     code, out, err = run_cli(capsys, "voc", root, "--mirror", server.url, "--checksums", sums)
-    assert code == 0, err
+    assert (code, err) == (0, "")  # --no-progress: no bar of any step
     assert [name for name, _ in server.requests] == ["VOCtrainval_11-May-2012.tar", "benchmark.tgz"]
     voc = root / "VOCdevkit" / "VOC2012"
     assert (voc / "ImageSets" / "Segmentation" / "train_aug.txt").read_text().split() == TRAIN_AUG
@@ -143,7 +150,8 @@ def test_coco_from_archives(tmp_path, capsys):
     sums = write_md5sums(tmp_path / "MD5SUMS", make_coco_archives(mine))
     root = tmp_path / "data"
     code, out, err = run_cli(capsys, "coco", root, "--archives", mine, "--checksums", sums)
-    assert code == 0, err
+    assert (code, err) == (0, "")
+    assert "loading annotations" not in out and "index created" not in out  # pycocotools' own prints
     coco = root / "coco"
     assert (coco / "ImageSets" / "Segmentation" / "val_part.txt").read_text().split() == [
         f"val2014/COCO_val2014_{i:012d}" for i in (1, 2, 3)]  # fmt: skip
@@ -157,3 +165,97 @@ def test_missing_archives_folder_named(tmp_path, capsys):
     assert (code, err) == (
         2, f"error: --archives {tmp_path / 'nowhere'} not found: no folder of that name in {tmp_path}\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [(["--timeout", "-1"], "--timeout -1.0: give the seconds to wait for a silent server, more than 0 and at most "
+                           "86400, e.g. --timeout 30"),
+     (["--timeout", "nan"], "--timeout nan: give the seconds"),
+     (["--timeout", "1e12"], "--timeout 1000000000000.0: give the seconds"),
+     (["--mirror", "http://[::1/x"], "--mirror 'http://[::1/x': not a URL (Invalid IPv6 URL); give the address that "
+                                     "serves URL/<archive name>, e.g. --mirror https://host/voc"),
+     (["--mirror", "http://host/my archives"], "--mirror 'http://host/my archives': it holds a space")],
+)  # fmt: skip
+def test_wrong_option_refused_in_one_line_before_any_work(tmp_path, capsys, option, says):
+    root = tmp_path / "data"
+    code, out, err = run_cli(capsys, "voc", root, *option)
+    assert (code, out) == (2, "") and err.startswith(f"error: {says}") and err.count("\n") == 1
+    assert not root.exists()
+
+
+def test_checksums_file_not_utf8_refused_in_one_line(tmp_path, capsys):
+    sums = tmp_path / "MD5SUMS"
+    sums.write_bytes(b"\xe9t\xe9  VOCtrainval_11-May-2012.tar\n")
+    code, _, err = run_cli(capsys, "voc", tmp_path / "data", "--checksums", sums)
+    assert (code, err) == (2, f"error: {sums}: not UTF-8 text (byte 0); give an md5sum-format file, '<md5>  <name>' "
+                              "per line\n")  # fmt: skip
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("damage", [b'{"summary": ', b"[]", b'{"outputs": 5}', b'{"outputs": [1]}', b"\xff",
+                                    b"[" * 100_000])  # fmt: skip
+def test_damaged_step_record_runs_the_step_again(voc_served, tmp_path, capsys, damage):
+    server, sums, _ = voc_served
+    root = tmp_path / "data"
+    assert run_cli(capsys, "voc", root, "--mirror", server.url, "--checksums", sums)[0] == 0
+    for name in ("labels", "check_dataset"):
+        (root / ".prepare" / "voc" / f"{name}.json").write_bytes(damage)
+    code, out, err = run_cli(capsys, "voc", root, "--mirror", server.url, "--checksums", sums)
+    assert (code, err) == (0, "")
+    assert "[4/5] labels: labels of 5 images" in out and "[5/5] check_dataset: " in out
+    assert out.count("finished before, skipped") == 3
+
+
+def test_damaged_unpack_record_refused_in_one_line_naming_the_folder(voc_served, tmp_path, capsys):
+    server, sums, _ = voc_served
+    root = tmp_path / "data"
+    assert run_cli(capsys, "voc", root, "--mirror", server.url, "--checksums", sums)[0] == 0
+    (root / ".prepare" / "voc" / "unpack_benchmark.tgz.json").write_text('{"outputs": ')
+    code, _, err = run_cli(capsys, "voc", root, "--mirror", server.url, "--checksums", sums)
+    assert (code, err) == (2, f"error: {root / 'benchmark_RELEASE'} exists but was not unpacked by this tool from "
+                              "benchmark.tgz; move it away and run again\n")  # fmt: skip
+
+
+def test_a_step_that_runs_again_loses_its_record_first(tmp_path):
+    out, state = tmp_path / "out.txt", tmp_path / "state"
+
+    def make() -> tuple[str, list[Path]]:
+        out.write_text("whole")
+        return "made", [out]
+
+    def fail_after_writing() -> tuple[str, list[Path]]:
+        out.write_text("half")
+        raise PrepareError("failed midway")
+
+    prepare_module._run([prepare_module._Step("make", make, derived=False)], state, print)
+    out.unlink()  # the step's output gone: it runs again, and fails after writing it anew
+    with pytest.raises(PrepareError):
+        prepare_module._run([prepare_module._Step("make", fail_after_writing, derived=False)], state, print)
+    lines = []
+    prepare_module._run([prepare_module._Step("make", make, derived=False)], state, lines.append)
+    assert not any("skipped" in line for line in lines) and out.read_text() == "whole"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_download_ends_in_one_line(voc_served, tmp_path):
+    server, sums, _ = voc_served
+
+    def trickle(wfile, body: bytes) -> None:
+        for byte in body:
+            wfile.write(bytes([byte]))
+            time.sleep(0.02)
+
+    server.send["VOCtrainval_11-May-2012.tar"] = trickle
+    root = tmp_path / "data"
+    part = root / "downloads" / "VOCtrainval_11-May-2012.tar.part"
+    cmd = [sys.executable, "tools/prepare_data.py", "voc", str(root), "--mirror", server.url, "--checksums", str(sums),
+           "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=os.environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (part.is_file() and part.stat().st_size > 0) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130 and err.count("\n") == 1, err
+    assert err.startswith("error: interrupted (Ctrl-C); run the same command again") and part.stat().st_size > 0

@@ -21,6 +21,8 @@ held. An interrupted conversion resumes: a mask that exists is not decoded again
 
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +131,8 @@ def convert_coco(
                 f"{ann_file} not found; download annotations_trainval2014.zip from cocodataset.org and unzip it "
                 f"into {ann_dir}, or pass --ann-dir"
             )
-        coco = coco_cls(str(ann_file))
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints "loading annotations into memory..."
+            coco = coco_cls(str(ann_file))
         cats = sorted(coco.loadCats(coco.getCatIds()), key=lambda c: c["id"])
         names = ["background"] + [c["name"] for c in cats]
         if classes is not None and names != classes:

@@ -4,6 +4,10 @@ Every member must be a regular file or a folder with a plain relative name: an a
 drive letter, a symbolic or hard link or a device stops the extraction, naming the member. The archive is unpacked
 into ``DEST/.<archive name>.partial/`` and its top-level entries are renamed into ``DEST`` only once every member
 is out, so an interrupted extraction leaves no folder that looks finished (the next run removes the partial one).
+
+The disk keeps ``FetchOptions.min_free_bytes`` free: checked before unpacking (a zip's listed total; a tar's own
+size, a lower bound for a compressed one) and again before each member by its real size (its header's, which is
+what tarfile and zipfile write), so a gzip bomb stops before the member that would fill the disk.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
-from wsss.data.download import FetchOptions, PrepareError, ensure_free_space
+from wsss.data.download import FetchOptions, PrepareError, ensure_free_space, room_problem
 
 __all__ = ["extract_archive"]
 
@@ -76,6 +80,13 @@ def _refuse(archive: Path, member: str, why: str) -> PrepareError:
                         "this is not the official archive: delete it and download it again")  # fmt: skip
 
 
+def _ensure_room(archive: Path, work: Path, member: str, size: int, opts: FetchOptions) -> None:
+    """Refuse to unpack ``member`` when its ``size`` bytes would leave under ``opts.min_free_bytes`` free."""
+    if why := room_problem(work, size, opts):
+        raise PrepareError(f"{work.parent}: unpacking {archive.name} stopped before member {member!r} ({size:,} "
+                           f"bytes), {why}; free some space or choose another ROOT")  # fmt: skip
+
+
 def _untar(archive: Path, work: Path, opts: FetchOptions) -> None:
     ensure_free_space(work, archive.stat().st_size, archive.name, opts)  # compressed size: a lower bound
     compressed = archive.suffix.lower() in (".tgz", ".gz", ".bz2", ".xz")
@@ -86,6 +97,7 @@ def _untar(archive: Path, work: Path, opts: FetchOptions) -> None:
                 why = "a link" if member.issym() or member.islnk() else "a device or pipe"
             if why is not None:
                 raise _refuse(archive, member.name, why)
+            _ensure_room(archive, work, member.name, member.size, opts)
             if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: also drops setuid bits and the like
                 tar.extract(member, work, filter="data")
             else:
@@ -106,6 +118,7 @@ def _unzip(archive: Path, work: Path, opts: FetchOptions) -> None:
         ensure_free_space(work, total, archive.name, opts)
         with _bar(total, archive, opts) as bar:
             for info in infos:
+                _ensure_room(archive, work, info.filename, info.file_size, opts)
                 zf.extract(info, work)
                 bar.update(info.file_size)
 

@@ -46,12 +46,13 @@ def multi_hot(indices: list[int] | np.ndarray, num_fg: int) -> np.ndarray:
     return vec
 
 
-def labels_from_xml(ann_dir: str | Path, classes: list[str]) -> dict[str, np.ndarray]:
+def labels_from_xml(ann_dir: str | Path, classes: list[str], progress: bool = True) -> dict[str, np.ndarray]:
     """Labels for every ``<id>.xml`` in ``ann_dir``.
 
     Args:
         ann_dir: The ``Annotations`` folder.
         classes: Class names, background first.
+        progress: Show a progress bar.
 
     Raises:
         FileNotFoundError: ``ann_dir`` is missing or holds no XML file.
@@ -63,7 +64,7 @@ def labels_from_xml(ann_dir: str | Path, classes: list[str]) -> dict[str, np.nda
         raise FileNotFoundError(f"no annotation XML files in {ann_dir}; use --source masks if you have none")
     index = {name: i - 1 for i, name in enumerate(classes) if i > 0}
     labels = {}
-    for path in tqdm(files, desc="xml labels", unit="file", leave=False):
+    for path in tqdm(files, desc="xml labels", unit="file", leave=False, disable=not progress):
         names = parse_voc_xml(path)
         unknown = sorted(set(names) - set(index))
         if unknown:
@@ -76,9 +77,10 @@ def labels_from_xml(ann_dir: str | Path, classes: list[str]) -> dict[str, np.nda
 
 
 def labels_from_masks(
-    mask_dir: str | Path, num_classes: int, ignore_index: int = 255
+    mask_dir: str | Path, num_classes: int, ignore_index: int = 255, progress: bool = True
 ) -> dict[str, np.ndarray]:
-    """Labels for every ``<id>.png`` in ``mask_dir``: the foreground classes present in the mask.
+    """Labels for every ``<id>.png`` in ``mask_dir``: the foreground classes present in the mask (``progress``: a
+    progress bar).
 
     Raises:
         FileNotFoundError: ``mask_dir`` is missing or holds no PNG.
@@ -89,7 +91,7 @@ def labels_from_masks(
     if not files:
         raise FileNotFoundError(f"no mask PNG files in {mask_dir}")
     labels = {}
-    for path in tqdm(files, desc="mask labels", unit="file", leave=False):
+    for path in tqdm(files, desc="mask labels", unit="file", leave=False, disable=not progress):
         values = np.unique(read_mask(path))
         check_mask_values(values, num_classes, ignore_index, path)
         fg = values[(values > 0) & (values != ignore_index)].astype(np.int64) - 1
@@ -126,6 +128,7 @@ def make_label_file(
     out: str | Path,
     mask_dir: str | None,
     ignore_index: int,
+    progress: bool = True,
 ) -> tuple[int, Path]:
     """Write the label file of a VOC-layout dataset (what ``tools/make_cls_labels.py`` does).
 
@@ -136,6 +139,7 @@ def make_label_file(
         out: The label file to write.
         mask_dir: Mask folder under root for ``masks``; None or missing: :func:`find_mask_dir` looks.
         ignore_index: Mask value that is not a class.
+        progress: Show a progress bar.
 
     Returns:
         ``(number of images, the folder read)``.
@@ -143,10 +147,10 @@ def make_label_file(
     root = Path(root)
     if source == "xml":
         folder = root / "Annotations"
-        labels = labels_from_xml(folder, classes)
+        labels = labels_from_xml(folder, classes, progress)
     else:
         folder = find_mask_dir(root, mask_dir)
-        labels = labels_from_masks(folder, len(classes), ignore_index)
+        labels = labels_from_masks(folder, len(classes), ignore_index, progress)
     save_labels(out, labels, classes)
     return len(labels), folder
 

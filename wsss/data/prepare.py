@@ -10,8 +10,8 @@ The steps, in order, each skipped on a re-run once finished:
 3. the dataset check of ``tools/check_dataset.py`` (:func:`wsss.data.check.check_dataset`).
 
 A finished step leaves ``ROOT/.prepare/<dataset>/<step>.json`` listing its outputs; it counts as finished while
-that record and every output exist. When a step runs, the steps derived from it (conversion, labels, check) run
-again after it.
+that record and every output exist (a damaged record counts as none). When a step runs, its record goes first, and
+the steps derived from it (conversion, labels, check) run again after it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from wsss.config import DataConfig
 from wsss.data.check import check_dataset
 from wsss.data.coco import SPLITS, convert_coco
-from wsss.data.download import Archive, FetchOptions, PrepareError, fetch_archive
+from wsss.data.download import Archive, FetchOptions, PrepareError, fetch_archive, read_record
 from wsss.data.extract import extract_archive
 from wsss.data.labels import make_label_file
 from wsss.data.sbd import convert_sbd
@@ -51,16 +51,19 @@ class Dataset:
 DATASETS = {
     "voc": Dataset(
         folder=".",
-        archives=(  # addresses and MD5s as torchvision's VOCSegmentation and SBDataset carry them
+        archives=(  # addresses and MD5s as torchvision's VOCSegmentation and SBDataset carry them; the sizes their
+            # servers report (Content-Length), which cap a download
             Archive(
                 "VOCtrainval_11-May-2012.tar",
                 "https://thor.robots.ox.ac.uk/pascal/VOC/voc2012/VOCtrainval_11-May-2012.tar",
                 md5="6cd6e144f989b92b3379bac3b3de84fd",
+                size=1_999_639_040,
             ),
             Archive(
                 "benchmark.tgz",
                 "https://www2.eecs.berkeley.edu/Research/Projects/CS/vision/grouping/semantic_contours/benchmark.tgz",
                 md5="82b4d87ceb2ed10f6038a1cba92111cb",
+                size=1_419_539_633,
             ),
         ),
         data=dict(root="VOCdevkit/VOC2012"),
@@ -125,7 +128,7 @@ def prepare(
     archives = spec.archives if archives is None else archives
     data = DataConfig(**{**spec.data, "root": str(root / spec.data["root"])})
     steps = [_Step(f"unpack {a.name}", _unpack(a, root, root / spec.folder, opts), derived=False) for a in archives]
-    steps += _voc_steps(root, data) if name == "voc" else _coco_steps(data, opts)
+    steps += _voc_steps(root, data, opts) if name == "voc" else _coco_steps(data, opts)
     steps.append(_Step("check_dataset", _check(data, opts, log), derived=True))
     _run(steps, root / ".prepare" / name, log)
     kept = f"; the archives in {root / 'downloads'} may be deleted" if (root / "downloads").is_dir() else ""
@@ -150,9 +153,10 @@ def _run(steps: list[_Step], state: Path, log: Callable[[str], None]) -> None:
 
 
 def _finished(record: Path) -> bool:
-    if not record.is_file():
-        return False
-    return all(Path(p).exists() for p in json.loads(record.read_text())["outputs"])
+    """The step's record is there, whole, and every output it lists exists (a damaged record: not finished)."""
+    value = read_record(record)
+    outputs = value.get("outputs") if isinstance(value, dict) else None
+    return isinstance(outputs, list) and all(isinstance(p, str) and Path(p).exists() for p in outputs)
 
 
 def _unpack(archive: Archive, root: Path, dest: Path, opts: FetchOptions) -> Callable[[], tuple[str, list[Path]]]:
@@ -164,18 +168,20 @@ def _unpack(archive: Archive, root: Path, dest: Path, opts: FetchOptions) -> Cal
     return run
 
 
-def _voc_steps(root: Path, data: DataConfig) -> list[_Step]:
+def _voc_steps(root: Path, data: DataConfig, opts: FetchOptions) -> list[_Step]:
     voc = Path(data.root)
 
     def sbd() -> tuple[str, list[Path]]:
-        counts = _plain(lambda: convert_sbd(root / "benchmark_RELEASE", voc, out_dir=data.mask_dir))
+        counts = _plain(lambda: convert_sbd(root / "benchmark_RELEASE", voc, out_dir=data.mask_dir,
+                                            progress=opts.progress))  # fmt: skip
         split = voc / "ImageSets" / "Segmentation" / f"{data.train_split}.txt"
         return f"{counts['sbd']} SBD masks, {counts['voc']} VOC masks, train_aug {counts['train_aug']} ids", [
             voc / data.mask_dir, split]  # fmt: skip
 
     def labels() -> tuple[str, list[Path]]:
         out = voc / data.label_file
-        count, _ = _plain(lambda: make_label_file(voc, "xml", list(data.classes), out, None, data.ignore_index))
+        count, _ = _plain(lambda: make_label_file(voc, "xml", list(data.classes), out, None, data.ignore_index,
+                                                  progress=opts.progress))  # fmt: skip
         return f"labels of {count} images from the XML annotations -> {out}", [out]
 
     return [_Step("convert_sbd", sbd, derived=True), _Step("labels", labels, derived=True)]

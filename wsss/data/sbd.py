@@ -55,12 +55,13 @@ def convert_sbd(
     voc_root: str | Path,
     out_dir: str = "SegmentationClassAug",
     voc_mask_dir: str = "SegmentationClass",
+    progress: bool = True,
 ) -> dict[str, int]:
     """Convert SBD masks into ``voc_root/out_dir`` and write ``ImageSets/Segmentation/train_aug.txt``.
 
     VOC's own masks (finer, with the 255 boundary band) win for ids that both datasets annotate. SBD
     images missing from ``JPEGImages`` are copied from SBD's ``img/``. Existing outputs are overwritten
-    atomically, so an interrupted conversion can simply be run again.
+    atomically, so an interrupted conversion can simply be run again. ``progress`` shows a bar per pass.
 
     Returns:
         Counts: ``sbd`` masks converted, ``voc`` masks copied, ``train_aug`` ids, ``images_copied``.
@@ -81,7 +82,7 @@ def convert_sbd(
     (voc_root / "JPEGImages").mkdir(exist_ok=True)
 
     images_copied = 0
-    for image_id in tqdm(sbd_ids, desc="SBD -> PNG", unit="mask"):
+    for image_id in tqdm(sbd_ids, desc="SBD -> PNG", unit="mask", disable=not progress):
         save_mask(out / f"{image_id}.png", read_sbd_mat(sbd / "cls" / f"{image_id}.mat"))
         jpg = voc_root / "JPEGImages" / f"{image_id}.jpg"
         if not jpg.is_file():
@@ -92,7 +93,7 @@ def convert_sbd(
             images_copied += 1
 
     voc_ids = sorted(set(voc_train) | set(voc_val))
-    for image_id in tqdm(voc_ids, desc="VOC masks", unit="mask"):
+    for image_id in tqdm(voc_ids, desc="VOC masks", unit="mask", disable=not progress):
         src = voc_root / voc_mask_dir / f"{image_id}.png"
         if not src.is_file():
             raise FileNotFoundError(f"VOC mask missing: {src} (listed in {seg_sets})")
