@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import reprlib
 import shlex
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wsss.config import load_config, parse_cfg_options
+from wsss.config import fits_float, load_config, parse_cfg_options
 from wsss.data.prepare import DATASETS
 from wsss.evaluation.protocol import run_dir_name
 from wsss.utils.fileio import atomic_write_text
@@ -371,9 +372,9 @@ def _entry_problem(entry: Any) -> str | None:
         return f"a {type(entry).__name__}, not a mapping"
     settings, seconds = entry.get("settings"), entry.get("seconds")
     if not isinstance(settings, list) or not all(isinstance(args, list) for args in settings):
-        return f"'settings' is {settings!r}, not a list of argument lists"
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        return f"'seconds' is {seconds!r}, not a number"
+        return f"'settings' is {reprlib.repr(settings)}, not a list of argument lists"
+    if not fits_float(seconds):
+        return f"'seconds' is {reprlib.repr(seconds)}, not a number"
     return None
 
 

@@ -93,6 +93,13 @@ def _number(value: float) -> str:
     return str(int(value)) if math.isfinite(value) and float(value).is_integer() else f"{value:g}"
 
 
+def fits_float(value: Any) -> bool:
+    """``value`` is a number (an int or a float, not a bool) a float holds: NaN and the finite floats, any int up to
+    :data:`FLOAT_MAX` in magnitude; not an infinity. For numbers read from JSON, which Python reads without a bound."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and not abs(value) > FLOAT_MAX
+
+
 def shown(value: Any) -> str:
     """``repr(value)`` for an error message, but an integer too large for a float by its size: its digits would fill
     the screen, and past 4300 of them Python refuses to write it."""

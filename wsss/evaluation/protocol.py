@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from wsss.config.validation import FLOAT_MAX
+from wsss.config import fits_float
 from wsss.data.classes import VOC_CLASSES
 from wsss.evaluation.paper_tables import VOC_SPLIT_IMAGES
 
@@ -126,11 +126,9 @@ def _of_type(tp: Any, value: Any) -> bool:
         return any(_of_type(arg, value) for arg in args)
     if origin is tuple:
         return isinstance(value, (list, tuple)) and all(_of_type(args[0], item) for item in value)
-    if tp in (int, float) and isinstance(value, bool):
-        return False
     if tp is float:
-        return isinstance(value, (int, float)) and not abs(value) > FLOAT_MAX
-    return isinstance(value, tp)
+        return fits_float(value)
+    return isinstance(value, tp) and not (tp is int and isinstance(value, bool))
 
 
 def run_dir_name(checkpoint: str | Path, split: str | None, tta: bool, crf: bool) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wsss.config.validation import FLOAT_MAX
+from wsss.config import fits_float
 from wsss.evaluation import paper_tables as paper
 from wsss.evaluation.protocol import EvalProtocol
 from wsss.utils.fileio import atomic_write_text, regular_file_problem
@@ -41,8 +41,7 @@ TEST_SPLIT = "test"
 
 def _is_score(value: Any) -> bool:
     """A number a float holds, NaN included; or None, as ``save_metrics_json`` writes NaN."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return value is None or (number and not abs(value) > FLOAT_MAX)
+    return value is None or fits_float(value)
 
 
 _MISSING = object()
