@@ -10,10 +10,11 @@ import torch
 
 import wsss
 from tests.conftest import TINY_CLASSES, tiny_config
+from wsss.config import to_dict
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.checkpoint import save_checkpoint
 from wsss.inference.export import save_safetensors
-from wsss.model_file import load_checkpoint, model_from_checkpoint, read_model_file
+from wsss.model_file import load_checkpoint, model_from_checkpoint, read_model_file, untrained_decoder_warning
 from wsss.models import build_model
 
 PACKAGE = Path(wsss.__file__).parent
@@ -101,3 +102,18 @@ def test_a_missing_or_foreign_model_file_is_named(model_files, tmp_path):
     fake.write_bytes(b"not safetensors at all")
     with pytest.raises(ValueError, match=r"^\S*fake\.safetensors: cannot be read as safetensors"):
         read_model_file(fake)
+
+
+@pytest.mark.parametrize(("step", "held"), [(0, "no iteration"), (1, "iteration 0"), (5, "iterations 0-4")])
+def test_the_untrained_decoder_warning_names_the_iterations_held_and_the_first_that_trains_it(step, held):
+    """"saved at iteration 2, before its decoder trained (from loss.seg_start_iter = 2 on)" read as a contradiction:
+    the line now says which (0-based) iterations the checkpoint holds and from which one the decoder trains."""
+    cfg = to_dict(tiny_config("data"))
+    cfg["loss"]["seg_start_iter"] = 5
+    ckpt = {"step": step, "config": cfg, "mean": [0.5] * 3, "std": [0.2] * 3}
+    assert untrained_decoder_warning(ckpt, "c.pth") == (
+        f"warning: c.pth holds {held} (saved at step {step}); its decoder trains from iteration 5 on "
+        "(loss.seg_start_iter = 5, 0-based), so no iteration it holds trained the decoder and its masks mean nothing; "
+        "use a checkpoint saved at step 6 or later, or its CAMs (tools/infer.py --cams, tools/eval_cams.py)"
+    )
+    assert untrained_decoder_warning({**ckpt, "step": 6}, "c.pth") is None  # iteration 5 trained it

@@ -65,3 +65,31 @@ def test_every_readme_command_uses_flags_its_tool_has(command):
     assert not missing, f"README: `{command.strip()}` gives tools/{name}.py {missing}, not in its --help"
     for config in CONFIG.findall(command):
         assert (ROOT / config).is_file(), f"README: `{command.strip()}` names {config}, which is not shipped"
+
+
+OUTPUT_FOLDERS = ("out", "submit")
+"""The folders the README's commands write beside data/ and work_dirs/ (tools/infer.py's and make_pseudo_labels.py's
+OUT, tools/test.py's --out)."""
+
+
+def test_what_the_readme_commands_write_is_ignored_by_git():
+    """After the demo's commands ``git status`` showed ``?? out/`` (issue 38, section 5.5)."""
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    written = sorted({path for command in COMMANDS for path in re.findall(
+        rf"(?<![\w/.$-])((?:{'|'.join(OUTPUT_FOLDERS)})/[\w./-]*)", command)})  # fmt: skip
+    assert {"out/toy", "out/toy_pseudo", "submit/"} <= set(written)  # the demo's, and the test server's archive
+    run = subprocess.run(["git", "check-ignore", "--no-index", "--verbose", "--non-matching", *written], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    tracked = [line.split("\t")[1] for line in run.stdout.splitlines() if line.startswith("::")]
+    assert tracked == [], f"README commands write {tracked}, which .gitignore does not cover"
+
+
+def test_the_demo_has_one_timing_with_its_machine_and_load():
+    """The demo paragraph said 2 min 19 s and then 270 s for the same run (issue 38, section 5.4): one figure, with the
+    machine's cores and its load average, since the time depends on both."""
+    section = README.read_text().split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    demo = " ".join(next(p for p in section.split("\n\n") if "tools/train.py configs/toy_centered.py" in p).split())
+    timings = re.findall(r"\b\d+ min \d+ s\b|\b\d+(?:\.\d+)? s\b", demo)
+    assert len(timings) == 1, f"the demo paragraph gives {timings}"
+    assert re.search(r"\d-core", demo) and re.search(r"load average [\d.]+ at the start, [\d.]+ at the end", demo)

@@ -7,18 +7,25 @@ them as processes, is tested on its own.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from tools import reproduce as reproduce_cli
+from wsss import reproduce
 from wsss.config import ConfigError
 from wsss.reproduce import Chain, plan_chain, run_chain, run_command
 
@@ -331,3 +338,135 @@ def test_checksums_go_to_the_prepare_stage_and_another_file_reruns_nothing(tmp_p
         assert statuses(run_chain(other, Recorder(other))) == ["skipped"] * 5
     assert reproduce_cli.main(["toy", "--checksums", str(tmp_path / "MD5SUMS")]) == 2
     assert capsys.readouterr().err == "error: --checksums applies to the voc chain only\n"
+
+
+def cli_args(tmp_path: Path) -> list[str]:
+    """``tools/reproduce.py toy`` on the tiny model, into ``tmp_path``."""
+    return ["toy", "--data-root", str(tmp_path / "data"), "--work-dir", str(tmp_path / "work"), "--num-train", "4",
+            "--num-val", "2", "--device", "cpu", "--cfg-options", *TINY]  # fmt: skip
+
+
+def fail_writes(monkeypatch: pytest.MonkeyPatch, code: int, after: int = 0) -> None:
+    """Every write of the record after the first ``after`` fails with OSError ``code``, chained to a first one as a
+    full disk's fails again when the file is closed."""
+    real, calls = reproduce.atomic_write_text, []
+
+    def write(path, text):
+        calls.append(path)
+        if len(calls) <= after:
+            return real(path, text)
+        try:
+            raise OSError(code, os.strerror(code), str(path))
+        except OSError:
+            raise OSError(code, os.strerror(code)) from None
+
+    monkeypatch.setattr(reproduce, "atomic_write_text", write)
+
+
+def test_a_read_only_work_dir_is_refused_in_one_line_before_any_stage(tmp_path, capsys, monkeypatch):
+    fail_writes(monkeypatch, errno.EROFS)
+    ran = []
+    monkeypatch.setattr(reproduce, "run_command", lambda command, log, echo=True: ran.append(command) or 0)
+    assert reproduce_cli.main(cli_args(tmp_path)) == 1
+    err = capsys.readouterr().err
+    record = tmp_path / "work" / "reproduce.json"
+    assert err == (f"error: cannot write the chain's record {record} (Read-only file system): free space on its disk, "
+                   "or give --work-dir a folder you can write to; then run the same command again (the finished "
+                   "stages are skipped)\n")  # fmt: skip
+    assert ran == []
+
+
+def test_a_full_disk_after_a_stage_is_one_line(tmp_path, capsys, monkeypatch):
+    """The disk fills during a stage: the stage fails, then the record cannot be written (a chained OSError 28)."""
+    fail_writes(monkeypatch, errno.ENOSPC, after=1)
+    monkeypatch.setattr(reproduce, "run_command", lambda command, log, echo=True: 1)
+    assert reproduce_cli.main(cli_args(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write the chain's record ") and err.count("\n") == 1, err
+    assert f"{tmp_path / 'work' / 'reproduce.json'} (No space left on device): free space on its disk" in err
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda stages: stages.update(train="done"), "stage 'train': a str, not a mapping"),
+        (lambda stages: stages["train"].update(seconds="slow"), "stage 'train': 'seconds' is 'slow', not a number"),
+        (lambda stages: stages["train"].pop("seconds"), "stage 'train': 'seconds' is None, not a number"),
+        (lambda stages: stages["report"].update(settings=5), "stage 'report': 'settings' is 5, not a list of"),
+        (lambda stages: stages["test --tta --crf"].update(settings=[1]), "'settings' is [1], not a list of argument"),
+    ],
+)
+def test_a_record_whose_stage_entries_have_the_wrong_type_is_named_with_the_fix(tmp_path, capsys, edit, says):
+    chain = toy_chain(tmp_path)
+    run_chain(chain, Recorder(chain))
+    record = json.loads(chain.record.read_text())
+    edit(record["stages"])
+    chain.record.write_text(json.dumps(record))
+    again = Recorder(chain)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(chain.record))} is not the chain's record \(.*delete it"):
+        run_chain(chain, again)
+    assert again.calls == []
+    capsys.readouterr()
+    assert reproduce_cli.main(cli_args(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {chain.record} is not the chain's record (") and err.count("\n") == 1, err
+    assert says in err and err.endswith("delete it to run every stage again\n")
+
+
+def test_ctrl_c_prints_where_the_chain_stopped_without_a_traceback(tmp_path, capsys, monkeypatch):
+    def interrupted(command, log, echo=True):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce, "run_command", interrupted)
+    try:
+        status = reproduce_cli.main(cli_args(tmp_path))
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left tools/reproduce.py as a traceback")
+    assert status == reproduce_cli.INTERRUPTED == 130
+    captured = capsys.readouterr()
+    record = tmp_path / "work" / "reproduce.json"
+    assert captured.out.splitlines()[-1] == (f"interrupted during [1/5] prepare; run the same command again to resume "
+                                             f"(record: {record})")  # fmt: skip
+    assert captured.err == ""
+
+
+def test_the_record_drops_the_later_stages_before_a_stage_runs(tmp_path):
+    """A SIGKILL during a stage leaves the record as it was when the stage started: without the stage and those after
+    it, so the next run reruns them rather than skipping them on their old outputs."""
+    chain = toy_chain(tmp_path)
+    run_chain(chain, Recorder(chain))
+    chain.stages[2].outputs[0].unlink()  # the test stage runs again
+    on_disk = {}
+
+    def snapshot(command, log):
+        on_disk.setdefault(Path(command[1]).stem, list(json.loads(chain.record.read_text())["stages"]))
+        return Recorder(chain)(command, log)
+
+    run_chain(chain, Recorder(chain, run=snapshot))
+    assert on_disk == {"test": NAMES[:2], "eval_cams": NAMES[:3], "report": NAMES[:4]}
+
+
+def test_an_interrupted_run_command_stops_the_stages_process(tmp_path):
+    """Ctrl-C or SIGTERM reaching the chain (not the stage: a stage started elsewhere, or one that ignores SIGINT)
+    while a stage runs: the stage's process is ended, not left running on its own."""
+    pid_file = tmp_path / "pid"
+    code = ("import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)")  # fmt: skip
+    main = threading.main_thread().ident
+
+    def interrupt_when_started():
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_command([sys.executable, "-c", code], tmp_path / "x.log", echo=False)
+    pid = int(pid_file.read_text())
+    try:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # ended and reaped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -18,7 +18,9 @@ Each stage prints its start and its seconds when done; the end prints a table of
 WORK_DIR/reproduce.json. A re-run skips the finished stages (the record holds them with the same settings and their
 outputs exist) and resumes at the first one that is not: an interrupted training continues from its newest
 checkpoint. A failing stage stops the chain with one line naming it, the command to rerun and its log
-(WORK_DIR/reproduce_logs/). Exit 0: the report is written; 1: a stage failed; 2: a bad argument.
+(WORK_DIR/reproduce_logs/); so does a record that cannot be written (a read-only WORK_DIR, a full disk). Ctrl-C stops
+the running stage and prints where the chain stopped and how to resume it, without a traceback.
+Exit 0: the report is written; 1: a stage failed or the record cannot be written; 2: a bad argument; 130: Ctrl-C.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from functools import partial
 from pathlib import Path
 
 from wsss.utils.lifetime import exit_on_sigterm
+
+INTERRUPTED = 130
+"""The exit status after Ctrl-C: 128 + SIGINT, as a shell reports a process that SIGINT ended."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # run_chain printed where the chain stopped and how to resume it
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -342,14 +342,17 @@ def _compare_shapes(skeleton: torch.nn.Module, weights: dict[str, torch.Tensor],
 def untrained_decoder_warning(ckpt: dict[str, Any], source: str | Path) -> str | None:
     """A ``warning: ...`` line when ``ckpt`` was saved before its decoder trained (``step <= loss.seg_start_iter``:
     the segmentation loss weighs 0 on iterations ``0 .. seg_start_iter - 1``), so its masks mean nothing; else None.
+    The line names the (0-based) iterations the checkpoint holds and the first one that trains the decoder.
     """
     step, start = ckpt.get("step"), config_from_checkpoint(ckpt).loss.seg_start_iter
     if not isinstance(step, int) or step > start:
         return None
+    held = {0: "no iteration", 1: "iteration 0"}.get(step, f"iterations 0-{step - 1}")
     return (
-        f"warning: {source} was saved at iteration {step}, before its decoder trained (from loss.seg_start_iter = "
-        f"{start} on): its masks mean nothing; use a checkpoint saved after iteration {start}, or its CAMs "
-        "(tools/infer.py --cams, tools/eval_cams.py)"
+        f"warning: {source} holds {held} (saved at step {step}); its decoder trains from iteration {start} on "
+        f"(loss.seg_start_iter = {start}, 0-based), so no iteration it holds trained the decoder and its masks mean "
+        f"nothing; use a checkpoint saved at step {start + 1} or later, or its CAMs (tools/infer.py --cams, "
+        "tools/eval_cams.py)"
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import reprlib
 import shlex
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wsss.config import load_config, parse_cfg_options
+from wsss.config import fits_float, load_config, parse_cfg_options
 from wsss.data.prepare import DATASETS
 from wsss.evaluation.protocol import run_dir_name
 from wsss.utils.fileio import atomic_write_text
@@ -225,7 +226,9 @@ def run_chain(chain: Chain, runner: Runner | None = None, out: Callable[[str], N
         out: Receives each printed line.
 
     Raises:
-        ValueError: The record exists but is not the chain's JSON (the message names it and the fix).
+        ValueError: The record exists but is not the chain's JSON, or a stage's entry is not what the chain writes
+            (the message names it and the fix).
+        OSError: The record cannot be written (a read-only work dir, a full disk): one line naming it and the fix.
         KeyboardInterrupt, SystemExit: The chain was interrupted; the stage running is recorded as interrupted.
     """
     runner = runner or run_command
@@ -352,22 +355,50 @@ def _unscheduled(settings: Any) -> Any:
 
 
 def _read_record(path: Path) -> dict[str, Any]:
+    """The record at ``path`` ({} when there is none), each stage's entry checked to hold what the chain reads."""
     if not path.is_file():
         return {}
     try:
         record = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, RecursionError) as err:
         raise ValueError(f"{path} is not the chain's record ({err}); delete it to run every stage again") from None
     if not isinstance(record, dict) or not isinstance(record.get("stages", {}), dict):
         raise ValueError(f"{path} is not the chain's record (no 'stages' mapping); delete it to run every stage again")
+    for name, entry in record.get("stages", {}).items():
+        if problem := _entry_problem(entry):
+            raise ValueError(f"{path} is not the chain's record (stage {name!r}: {problem}); delete it to run every "
+                             "stage again")  # fmt: skip
     return record
 
 
+def _entry_problem(entry: Any) -> str | None:
+    """Why a stage's entry of the record is not one :func:`run_chain` wrote, else None: it reads its ``settings`` (a
+    list of argument lists) and ``seconds`` (a number)."""
+    if not isinstance(entry, dict):
+        return f"a {type(entry).__name__}, not a mapping"
+    settings, seconds = entry.get("settings"), entry.get("seconds")
+    if not isinstance(settings, list) or not all(isinstance(args, list) for args in settings):
+        return f"'settings' is {reprlib.repr(settings)}, not a list of argument lists"
+    if not fits_float(seconds):
+        return f"'seconds' is {reprlib.repr(seconds)}, not a number"
+    return None
+
+
 def _write_record(path: Path, record: dict[str, Any], result: ChainResult, started: float) -> None:
+    """Write the record with this run's stage times.
+
+    Raises:
+        OSError: It cannot be written: one line naming it and the fix.
+    """
     record["last_run"] = {"seconds": round(time.perf_counter() - started, 2),
                           "stages": [{**s, "seconds": None if s["seconds"] is None else round(s["seconds"], 2)}
                                      for s in result.stages]}  # fmt: skip
-    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    try:
+        atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    except OSError as err:
+        raise OSError(f"cannot write the chain's record {path} ({err.strerror or err}): free space on its disk, or "
+                      "give --work-dir a folder you can write to; then run the same command again (the finished "
+                      "stages are skipped)") from None  # fmt: skip
 
 
 def _tool(name: str, *args: Any) -> tuple[str, ...]:

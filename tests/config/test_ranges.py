@@ -54,6 +54,12 @@ BAD_VALUES = [
      r"os\.cpu_count\(\)\) = \d+ on this machine\), got 1000000"),
     ("infer.max_size", -1, "-1", r" 'infer\.max_size': must be >= 0, got -1"),
     ("par.dilations", [1, 0], "[1,0]", r" 'par\.dilations\[1\]': must be in \[1, 256\]" + CEILING_REASON),
+    ("par.dilations", [1] * 17, f"[{','.join(['1'] * 17)}]", r" 'par\.dilations': must hold 1 to 16 values, got 17"),
+    ("cam.scales", [1.0] * 17, f"[{','.join(['1'] * 17)}]", r" 'cam\.scales': must hold 1 to 16 values, got 17"),
+    ("model.drop_path_rate", 1.0, "1", r" 'model\.drop_path_rate': must be in \[0, 1\), got 1\.0"),
+    ("gpu_check.ddp_resume_from", 30, "30", r" 'gpu_check\.ddp_resume_from': must be in \[1, 29\], got 30"),
+    ("data.color_jitter", [0.4, 0.4, 0.2, 0.6], "[0.4,0.4,0.2,0.6]",
+     r" 'data\.color_jitter\[3\]': must be in \[0, 0\.5\] \(hue: half the hue circle\), got 0\.6"),
 ]  # fmt: skip
 IDS = [f"{key}={text}" for key, _, text, _ in BAD_VALUES]
 
@@ -76,6 +82,12 @@ def python_literal(value: typing.Any) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return f"float('{value}')"
     return repr(value)
+
+
+def config_file(path: Path, key: str, value: typing.Any) -> Path:
+    """A config file that sets ``key`` to ``value``, written to ``path``."""
+    path.write_text("".join(f"{name} = {python_literal(section)}\n" for name, section in nested(key, value).items()))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -107,11 +119,8 @@ def craft(ckpt: dict, path: Path, key: str | None = None, value: typing.Any = No
 
 @pytest.mark.parametrize(("key", "value", "text", "message"), BAD_VALUES, ids=IDS)
 def test_refused_from_a_config_file(tmp_path, key, value, text, message):
-    data = nested(key, value)
-    path = tmp_path / "cfg.py"
-    path.write_text("".join(f"{name} = {python_literal(section)}\n" for name, section in data.items()))
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(config_file(tmp_path / "cfg.py", key, value))
     assert "\n" not in str(info.value)
     assert info.match("^config key" + message)
 
@@ -145,6 +154,40 @@ def test_refused_from_a_checkpoints_or_an_exports_config(checkpoint, tmp_path, k
             read_model_file(source)
         assert "\n" not in str(info.value)
         assert info.match(f"^{source}: its config is refused: config key" + message)
+
+
+HUGE = 10**400
+"""An integer too large for a float: ``math.isfinite`` raised OverflowError on it (issue 38, section 3)."""
+HUGE_SAID = r"got an integer of 401 digits \(above 1\.79769e\+308, the largest float\)$"
+HUGE_VALUES = [
+    ("par.num_iter", HUGE, r"'par\.num_iter': must be in \[0, 100\]" + CEILING_REASON),
+    ("infer.crf.iterations", HUGE, r"'infer\.crf\.iterations': must be in \[0, 100\]" + CEILING_REASON),
+    ("par.dilations", [1, HUGE], r"'par\.dilations\[1\]': must be in \[1, 256\]" + CEILING_REASON),
+    ("par.w1", HUGE, r"'par\.w1': expected a number a float can hold,"),
+    ("model.backbone_kwargs", {"mlp_ratio": HUGE}, r"'model\.backbone_kwargs\.mlp_ratio': expected a number a float"),
+]
+
+
+@pytest.mark.parametrize("source", ["config file", "--cfg-options", "checkpoint", "export"])
+@pytest.mark.parametrize(("key", "value", "message"), HUGE_VALUES, ids=[key for key, _, _ in HUGE_VALUES])
+def test_an_integer_too_large_for_a_float_is_refused_in_one_line(checkpoint, tmp_path, source, key, value, message):
+    expected = f"config key {message}.* {HUGE_SAID}"
+    if source == "config file":
+        with pytest.raises(ConfigError, match=f"^{expected}"):
+            load_config(config_file(tmp_path / "cfg.py", key, value))
+    elif source == "--cfg-options":
+        path = tmp_path / "cfg.py"
+        path.write_text("train = dict(max_iters=3)\n")
+        option = f"{key}.mlp_ratio={HUGE}" if isinstance(value, dict) else f"{key}={str(value).replace(' ', '')}"
+        with pytest.raises(ConfigError, match=f"^{expected}"):
+            load_config(path, parse_cfg_options([option]))
+    else:
+        crafted = craft(checkpoint, tmp_path / "crafted.pth", key, value)
+        if source == "export":
+            crafted = tmp_path / "crafted.safetensors"
+            save_safetensors(torch.load(tmp_path / "crafted.pth", weights_only=True), crafted)
+        with pytest.raises(ValueError, match=f"^{crafted}: its config is refused: {expected}"):
+            read_model_file(crafted)
 
 
 @pytest.mark.parametrize(
@@ -191,6 +234,7 @@ def test_a_checkpoint_made_on_a_larger_machine_loads_with_this_machines_workers(
         ({"std": [0.2, 0.2, -INF]}, r"checkpoint 'std\[2\]': must be finite and > 0, got -inf"),
         ({"std": [0.2, 0.2]}, r"checkpoint 'std': expected 3 numbers \(R, G, B\), got \[0\.2, 0\.2\]"),
         ({"mean": None}, r"checkpoint 'mean': expected 3 numbers \(R, G, B\), got None"),
+        ({"mean": [0.5, HUGE, 0.5]}, r"checkpoint 'mean\[1\]': must be finite, " + HUGE_SAID[:-1]),
     ],
 )
 def test_a_checkpoints_mean_and_std_are_finite_and_std_positive(checkpoint, tmp_path, entries, message):
@@ -288,11 +332,18 @@ def test_the_ends_of_the_ranges_are_accepted():
         "data": {"scale_range": [4, 4], "ignore_index": 21, "num_workers": CPU_LIMIT},
         "infer": {"max_size": 1024, "scales": [2.0], "crf": {"iterations": 100, "workers": CPU_LIMIT}},
         "train": {"val_max_images": 1},
+        "model": {"drop_path_rate": 0.999},
+        "gpu_check": {"ddp_iters": 30, "ddp_resume_from": 29},
     }
     cfg = from_dict(Config, edges)
     assert cfg.infer.crf.workers == CPU_LIMIT and cfg.cam.bg_thresh == cfg.cam.fg_thresh
     assert from_dict(Config, {"infer": {"max_size": 0, "scales": [4.0]}}).infer.scales == (4.0,)  # 0: no cap, opted out
     assert from_dict(Config, {"data": {"classes": None, "ignore_index": 1}}).data.ignore_index == 1  # checked later
+    sixteen = {"cam": {"scales": [4.0] * 16}, "infer": {"scales": [2.0] * 16}, "par": {"dilations": [256] * 16},
+               "data": {"color_jitter": [1.0, 1.0, 1.0, 0.5]}}  # fmt: skip
+    cfg = from_dict(Config, sixteen)  # the messages say "1 to 16 values" and "hue ... [0, 0.5]"
+    assert len(cfg.cam.scales) == len(cfg.infer.scales) == len(cfg.par.dilations) == 16
+    assert cfg.data.color_jitter[3] == 0.5
 
 
 def test_ignore_index_colliding_with_a_class_of_a_classes_file_is_refused_by_the_dataset(tiny_voc):

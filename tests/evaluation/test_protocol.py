@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from wsss.evaluation.protocol import EvalProtocol
+import pytest
+
+from wsss.evaluation.protocol import EvalProtocol, run_dir_name
 
 
 def protocol(**kw) -> EvalProtocol:
@@ -51,3 +54,38 @@ def test_round_trip_through_json():
     data = json.loads(json.dumps(original.to_dict()))
     assert data["full_val"] is False and data["line"] == original.line()
     assert EvalProtocol.from_dict(data) == original
+
+
+def test_a_protocol_written_before_max_size_and_scored_is_read_as_scored():
+    """Files of older versions record neither: every run then was scored, and its max_size is unknown."""
+    data = protocol(max_size=1024).to_dict()
+    for name in ("max_size", "scored"):  # as files written before each was recorded
+        del data[name]
+    assert EvalProtocol.from_dict(data) == protocol(max_size=None, scored=True)
+    del data["split"]
+    with pytest.raises(ValueError, match="^protocol without split$"):
+        EvalProtocol.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("split", 5, "protocol 'split' is 5, not str"),
+        ("step", True, "protocol 'step' is True, not int | None"),
+        ("scales", 1.0, r"protocol 'scales' is 1\.0, not tuple\[float, \.\.\.\]"),
+        ("scales", [1.0, "2"], r"protocol 'scales' is \[1\.0, '2'\], not tuple\[float, \.\.\.\]"),
+        ("scales", [10**400], r"protocol 'scales' is \[1000.*000\], not tuple\[float, \.\.\.\]"),
+        ("crf", "yes", "protocol 'crf' is 'yes', not bool"),
+    ],
+)
+def test_a_protocol_value_of_another_type_is_named(name, value, message):
+    """A hand-edited or foreign result file: the report names the field, not a TypeError from deep inside."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        EvalProtocol.from_dict({**protocol().to_dict(), name: value})
+
+
+def test_the_run_folder_is_named_after_the_splits_stem():
+    """A split given as a file names the folder by its stem, as a split given by name does."""
+    as_file = run_dir_name("w/iter_5.pth", "data/VOC2012/ImageSets/Segmentation/val.txt", tta=True, crf=False)
+    assert as_file == run_dir_name("w/iter_5.pth", "val", tta=True, crf=False) == "test_iter_5_val_tta"
+    assert run_dir_name(Path("w/iter_5.pth"), None, tta=False, crf=True) == "test_iter_5_crf"

@@ -3,7 +3,11 @@ on VOC beside the paper's and ToCo's rows with the differences, on the toy set w
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -146,7 +150,7 @@ def test_an_unscored_submission_says_how_to_score_it(voc_work, capsys):
 
 
 def test_bad_input_gives_one_line(voc_work, tmp_path, capsys):
-    second = voc_work / "test_other_val" / "submission.json"  # --format-only on val: its mIoU goes to val
+    second = voc_work / "test_other_val" / "submission.json"  # --format-only on val: the server scores test only
     atomic_write_text(second, json.dumps({"protocol": voc_protocol("val", 1449, 1449, scored=False), "archive": "a"}))
     broken = tmp_path / "broken"
     (broken / "a").mkdir(parents=True)
@@ -158,12 +162,142 @@ def test_bad_input_gives_one_line(voc_work, tmp_path, capsys):
         (str(broken / "b"),): f"{broken / 'b' / 'cam_eval.json'}: protocol without checkpoint, step",
         (str(tmp_path / "nowhere"),): "work dir not found",
         (str(voc_work / "test_old"),): "no result with a protocol",
-        (str(voc_work), "--test-miou", "71"): "give --submission DIR",
-        (str(voc_work), "--test-miou", "171", "--submission", str(second.parent)): "a percentage in [0, 100]",
+        (str(voc_work), "--test-miou", "70", "--submission", str(second.parent)): (
+            f"found none; {second} is of split val: run tools/test.py --format-only on the test split first"),
+        (str(voc_work), "--test-miou", "171"): "a percentage in [0, 100]",
+        (str(voc_work), "--test-miou", "nan"): "a percentage in [0, 100]",
     }
     for args, message in cases.items():
         assert report_cli.main(list(args)) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
-    assert report_cli.main([str(voc_work), "--test-miou", "70", "--submission", str(second.parent)]) == 0
-    assert rows(json.loads((voc_work / "report.json").read_text()), 0)["test_other_val"] == [70.0, None]
+    assert report_cli.main([str(voc_work), "--test-miou", "71"]) == 0  # the one test-split submission
+    table1 = rows(json.loads((voc_work / "report.json").read_text()), 0)
+    assert table1["test_iter_80000_test_tta"] == [None, 71.0] and table1["test_other_val"] == [None, None]
+    second_test = voc_work / "test_again" / "submission.json"
+    atomic_write_text(second_test, json.dumps({"protocol": voc_protocol("test", 1456, 1456, scored=False),
+                                               "archive": "b"}))  # fmt: skip
+    assert report_cli.main([str(voc_work), "--test-miou", "71"]) == 2
+    assert "give --submission DIR of the one the server scored" in capsys.readouterr().err
+
+
+def test_a_test_miou_needs_a_test_split_submission(tmp_path, capsys):
+    """The issue's case: --format-only on val, then --test-miou 55.5 put 55.5 in the val column without a word."""
+    work = tmp_path / "work"
+    val = work / "test_iter_600_val" / "submission.json"
+    atomic_write_text(val, json.dumps({"protocol": voc_protocol("val", 1449, 1449, scored=False), "archive": "a"}))
+    assert report_cli.main([str(work), "--test-miou", "55.5"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --test-miou needs the submission.json of tools/test.py --format-only on the test split, "
+                   f"found none; {val} is of split val: run tools/test.py --format-only on the test split first, and "
+                   "upload its archive\n")  # fmt: skip
+    assert not (work / "report.md").exists()
+
+
+def voc_cam_eval(path: Path, **certain) -> None:
+    """A cam_eval.json of pseudo labels on VOC train, the certain pixels' entries replaced by ``certain``."""
+    iou = np.linspace(60.0, 80.0, 21)
+    info = {"protocol": voc_protocol("train", 1464, 1464, mask_classes="ground-truth labels")}
+    scores = voc_metrics(75.5, iou)
+    data = CamEvalResult([0.5], {0.5: scores}, 1464, voc_metrics(80.0, iou), 0.25, scores, info).to_dict()
+    data["pseudo_certain_pixels"].update(certain)
+    atomic_write_text(path, json.dumps(data))
+
+
+def test_a_nan_uncertain_share_is_an_empty_cell(tmp_path, capsys):
+    """No pixel scored (an empty split): the share is NaN, written as an empty cell and as null in report.json."""
+    work = tmp_path / "work"
+    voc_cam_eval(work / "cam_eval_iter_1_train" / "cam_eval.json", ignored_fraction=float("nan"))
+    assert report_cli.main([str(work)]) == 0
+    assert "| cam_eval_iter_1_train | 75.50 | 80.00 |  |" in capsys.readouterr().out
+    strict = json.loads((work / "report.json").read_text(), parse_constant=lambda name: pytest.fail(name))
+    assert rows(strict, 2)["cam_eval_iter_1_train"] == [75.5, 80.0, None]
+
+
+def deep(path: Path) -> Path:
+    """A metrics.json nested 100,000 lists deep: valid JSON past Python's recursion limit."""
+    return write(path, "[" * 100_000 + "]" * 100_000)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def metrics(path: Path, **changes) -> Path:
+    """A metrics.json of a VOC run with top-level entries replaced by ``changes`` (None: removed)."""
+    save_metrics_json(voc_metrics(70.0, np.linspace(60.0, 80.0, 21)), path, protocol=voc_protocol("val", 1449, 1449))
+    data = json.loads(path.read_text())
+    data.update(changes)
+    return write(path, json.dumps({k: v for k, v in data.items() if v is not None}))
+
+
+WRONG_SHAPES = {
+    "a list": (lambda d: write(d / "metrics.json", "[1, 2]"),
+               "metrics.json: a JSON list, not the object tools/test.py writes: rerun it, or move the file away"),
+    "no mIoU": (lambda d: metrics(d / "metrics.json", mIoU=None),
+                "metrics.json: no 'mIoU', where tools/test.py writes a number: rerun it, or move the file away"),
+    "mIoU abc": (lambda d: metrics(d / "metrics.json", mIoU="abc"),
+                 "metrics.json: 'abc' as 'mIoU', where tools/test.py writes a number: rerun it"),
+    "no per_class": (lambda d: metrics(d / "metrics.json", per_class=None),
+                     "metrics.json: no 'per_class.IoU', where tools/test.py writes class names -> numbers"),
+    "per_class a list": (lambda d: metrics(d / "metrics.json", per_class={"IoU": [1.0]}),
+                         "metrics.json: [1.0] as 'per_class.IoU', where tools/test.py writes class names -> numbers"),
+    "no certain pixels": (lambda d: write(d / "cam_eval.json", json.dumps({
+        "protocol": voc_protocol("train", 1464, 1464), "pseudo_every_pixel": {"mIoU": 1.0, "per_class": {"IoU": {}}}})),
+        "cam_eval.json: no 'pseudo_certain_pixels.mIoU', where tools/eval_cams.py --pseudo writes a number"),
+    "share abc": (lambda d: voc_cam_eval(d / "cam_eval.json", ignored_fraction="abc") or d / "cam_eval.json",
+                  "cam_eval.json: 'abc' as 'pseudo_certain_pixels.ignored_fraction', where tools/eval_cams.py "
+                  "--pseudo writes a number or nothing"),
+    "deep nesting": (lambda d: deep(d / "metrics.json"), "metrics.json is not JSON (maximum recursion depth exceeded"),
+    "a protocol split of 5": (lambda d: metrics(d / "metrics.json", protocol={**voc_protocol("val", 1, 1), "split": 5}),
+                              "metrics.json: protocol 'split' is 5, not str: rerun tools/test.py"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(WRONG_SHAPES))
+def test_a_result_file_of_the_wrong_shape_is_named_in_one_line(tmp_path, capsys, case):
+    """Valid JSON of the wrong shape (or no file at all) ended in AttributeError, KeyError, RecursionError, an error
+    naming no file, or a read that never returned; each is now one line naming the file and what to do."""
+    make, message = WRONG_SHAPES[case]
+    path = make(tmp_path / "work" / "run")
+    assert report_cli.main([str(tmp_path / "work")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path.parent / message}") and err.count("\n") == 1, err
+
+
+def test_a_fifo_named_like_a_result_is_refused_without_waiting(tmp_path, capsys):
+    """Reading a named pipe waits for a writer, for ever: the report looks at what the file is first."""
+    path = tmp_path / "work" / "run" / "metrics.json"
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    writer = threading.Thread(target=lambda: open(path, "w").close(), daemon=True)
+    writer.start()  # ends a read that waits (the old code's, which then found no JSON), so the test ends either way
+    assert report_cli.main([str(tmp_path / "work")]) == 2
+    assert capsys.readouterr().err == (f"error: {path}: not a regular file (named pipe), not the result file "
+                                       "tools/test.py writes: move it away\n")  # fmt: skip
+    os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # the writer's open returns
+    writer.join(10)
+
+
+def test_a_full_out_folder_names_the_file(voc_work, capsys, monkeypatch):
+    def full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("wsss.evaluation.report.atomic_write_text", full)
+    out = voc_work / "out"
+    assert report_cli.main([str(voc_work), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: cannot write {out / 'report.md'} (No space left on device): free "
+                                       "space there, or give --out a folder you can write to\n")  # fmt: skip
+
+
+def test_the_report_cites_the_paper_by_title_and_only_files_of_the_repository(voc_work, capsys):
+    """report.md once cited papers/centered_self_attention.md and DESIGN.md, which a clone does not hold."""
+    assert report_cli.main([str(voc_work)]) == 0
+    text = (voc_work / "report.md").read_text()
+    assert "Centered Self-Attention Layers (arXiv 2306.01610)" in text
+    cited = set(re.findall(r"(?<![\w/.-])(?!/)[\w./-]+\.(?:md|py)\b", text)) - {"report.md"}
+    assert {"wsss/evaluation/paper_tables.py", "docs/design.md"} <= cited
+    repository = Path(__file__).resolve().parents[2]
+    assert [name for name in sorted(cited) if not (repository / name).is_file()] == []

@@ -143,9 +143,9 @@ def test_a_checkpoint_saved_before_the_decoder_trained_is_named(tiny_voc, tmp_pa
     ckpt = train(cfg, work_dir=tmp_path / "work", device="cpu").checkpoint
     capsys.readouterr()
     warning = (
-        f"warning: {ckpt} was saved at iteration 2, before its decoder trained (from loss.seg_start_iter = 2 on): "
-        "its masks mean nothing; use a checkpoint saved after iteration 2, or its CAMs (tools/infer.py --cams, "
-        "tools/eval_cams.py)"
+        f"warning: {ckpt} holds iterations 0-1 (saved at step 2); its decoder trains from iteration 2 on "
+        "(loss.seg_start_iter = 2, 0-based), so no iteration it holds trained the decoder and its masks mean nothing; "
+        "use a checkpoint saved at step 3 or later, or its CAMs (tools/infer.py --cams, tools/eval_cams.py)"
     )
     runs = [
         lambda: test_cli.main([str(cfg_file), str(ckpt), "--device", "cpu", "--work-dir", str(tmp_path / "w")]),

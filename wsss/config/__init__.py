@@ -41,7 +41,15 @@ from wsss.config.schema import (
     PretrainConfig,
     TrainConfig,
 )
-from wsss.config.validation import ConfigError, check_ignore_index, check_mean_std, choice, fit_workers, from_dict
+from wsss.config.validation import (
+    ConfigError,
+    check_ignore_index,
+    check_mean_std,
+    choice,
+    fit_workers,
+    fits_float,
+    from_dict,
+)
 
 __all__ = [
     "BACKBONE_KWARGS",
@@ -69,6 +77,7 @@ __all__ = [
     "choice",
     "dump_config",
     "fit_workers",
+    "fits_float",
     "from_dict",
     "load_config",
     "parse_cfg_options",

@@ -3,7 +3,8 @@
 Every numeric field of :mod:`wsss.config.schema` declares its range beside its default (:func:`bounded`); a section
 checks its fields when it is built (:class:`Section`), whoever builds it: :func:`from_dict` for a config file, the
 ``--cfg-options`` merged into it, and the config inside a checkpoint or an export alike. NaN fails every range;
-floats must be finite. Where a range has no natural end (scales, iterations, workers, sizes) the ceiling is what
+floats must be finite, and an integer too large for a float (``10**400``, :data:`FLOAT_MAX`) fails every range and
+every float key. Where a range has no natural end (scales, iterations, workers, sizes) the ceiling is what
 one machine can do, stated in the error (:data:`MAX_SCALE`, :data:`MAX_ITERATIONS`, :data:`MAX_SIDE`,
 :data:`CPU_LIMIT`, :data:`MAX_ITEMS`).
 """
@@ -14,6 +15,7 @@ import dataclasses
 import difflib
 import math
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -40,6 +42,9 @@ MAX_ITEMS = 16
 UINT8_MAX = 255
 """Masks are uint8 PNGs: ``data.ignore_index`` must be a value one can hold."""
 
+FLOAT_MAX = sys.float_info.max
+"""The largest float: every number of a config is used as one somewhere, so a larger integer holds no range."""
+
 
 class ConfigError(ValueError):
     """A config value is unknown, of the wrong type or out of its range."""
@@ -64,7 +69,7 @@ class Range:
     why: str = ""
 
     def holds(self, value: float) -> bool:
-        if not math.isfinite(value):
+        if abs(value) > FLOAT_MAX or not math.isfinite(value):  # first: math.isfinite overflows on such an integer
             return False
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
@@ -86,6 +91,21 @@ class Range:
 def _number(value: float) -> str:
     """``0``, ``2147483647``, ``0.5``: an integral bound without a fraction or an exponent."""
     return str(int(value)) if math.isfinite(value) and float(value).is_integer() else f"{value:g}"
+
+
+def fits_float(value: Any) -> bool:
+    """``value`` is a number (an int or a float, not a bool) a float holds: NaN and the finite floats, any int up to
+    :data:`FLOAT_MAX` in magnitude; not an infinity. For numbers read from JSON, which Python reads without a bound."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and not abs(value) > FLOAT_MAX
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, but an integer too large for a float by its size: its digits would fill
+    the screen, and past 4300 of them Python refuses to write it."""
+    if isinstance(value, int) and abs(value) > FLOAT_MAX:
+        return f"an integer of {math.floor(math.log10(abs(value))) + 1} digits (above {FLOAT_MAX:g}, the largest float)"
+    return repr(value)
 
 
 FINITE = Range()
@@ -138,12 +158,13 @@ def check_range(key: str, value: Any, rng: Range, max_items: int | None = None) 
         return
     if isinstance(value, (list, tuple)):
         if max_items is not None and not 1 <= len(value) <= max_items:
-            raise ConfigError(f"config key '{key}': must hold 1 to {max_items} values, got {len(value)}: {value!r}")
+            listed = ", ".join(map(shown, value))
+            raise ConfigError(f"config key '{key}': must hold 1 to {max_items} values, got {len(value)}: [{listed}]")
         for i, item in enumerate(value):
             check_range(f"{key}[{i}]", item, rng)
         return
     if not rng.holds(value):
-        raise ConfigError(f"config key '{key}': must be {rng.text(isinstance(value, float))}, got {value!r}")
+        raise ConfigError(f"config key '{key}': must be {rng.text(isinstance(value, float))}, got {shown(value)}")
 
 
 def check_order(key: str, low: float, high: float) -> None:
@@ -169,9 +190,9 @@ def check_mean_std(mean: Any, std: Any) -> None:
             raise ConfigError(f"checkpoint '{name}': expected 3 numbers (R, G, B), got {values!r}")
         for i, value in enumerate(values):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"checkpoint '{name}[{i}]': expected a number, got {value!r}")
+                raise ConfigError(f"checkpoint '{name}[{i}]': expected a number, got {shown(value)}")
             if not rng.holds(value):
-                raise ConfigError(f"checkpoint '{name}[{i}]': must be {rng.text(real=True)}, got {value!r}")
+                raise ConfigError(f"checkpoint '{name}[{i}]': must be {rng.text(real=True)}, got {shown(value)}")
 
 
 def from_dict(cls: type, data: Any, key: str = "") -> Any:
@@ -247,31 +268,33 @@ def coerce(tp: Any, value: Any, key: str) -> Any:
                 return coerce(arg, value, key)
             except ConfigError:
                 pass
-        raise ConfigError(f"config key '{key}': {value!r} matches none of {str(tp).replace('typing.', '')}")
+        raise ConfigError(f"config key '{key}': {shown(value)} matches none of {str(tp).replace('typing.', '')}")
     if tp is type(None):
         if value is not None:
-            raise ConfigError(f"config key '{key}': expected None, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected None, got {shown(value)}")
         return None
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected a number, got {shown(value)}")
+        if abs(value) > FLOAT_MAX and isinstance(value, int):
+            raise ConfigError(f"config key '{key}': expected a number a float can hold, got {shown(value)}")
         return float(value)
     if tp in (int, bool, str):
         if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-            raise ConfigError(f"config key '{key}': expected {tp.__name__}, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected {tp.__name__}, got {shown(value)}")
         return value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected a list, got {shown(value)}")
         if origin is list or (len(args) == 2 and args[1] is Ellipsis):
             items = [coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
         else:
             if len(value) != len(args):
-                raise ConfigError(f"config key '{key}': expected {len(args)} values, got {value!r}")
+                raise ConfigError(f"config key '{key}': expected {len(args)} values, got {shown(value)}")
             items = [coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(f"config key '{key}': expected a dict with string keys, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected a dict with string keys, got {shown(value)}")
         return {k: coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
     raise TypeError(f"unsupported config field type {tp!r} for '{key}'")

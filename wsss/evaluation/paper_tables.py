@@ -1,10 +1,12 @@
 """The published numbers ``tools/report.py`` sets beside ours on VOC, each copied as written from its source.
 
-Sources (in this repository's shared references):
+Sources:
 
-- ``papers/centered_self_attention.md``: the paper. Table 1 (VOC val / test mIoU), Table 2 (per-class IoU on val),
-  Table 3 (pseudo labels on train), section 4 (the split sizes).
-- ``DESIGN.md`` section 5, which quotes the same val / test / pseudo-label numbers and ToCo's 71.1 / 72.2.
+- the paper, :data:`SOURCE`: Table 1 (VOC val / test mIoU), Table 2 (per-class IoU on val), Table 3 (pseudo labels
+  on train), section 4 (the split sizes);
+- ``docs/design.md`` section 5, which quotes the same val / test / pseudo-label numbers and ToCo's 71.1 / 72.2.
+
+``tests/evaluation/test_paper_tables.py`` holds a second copy of the published rows, as the paper prints them.
 
 ToCo's row is ToCo with ViT-B pretrained on ImageNet-21k ("ToCo†", reference [41] of the paper), the row the paper
 compares against in all three tables. A number neither source writes is None: its cell stays empty and the report
@@ -13,7 +15,7 @@ says why. Nothing here is computed.
 
 from __future__ import annotations
 
-SOURCE = "papers/centered_self_attention.md (Ali, Galanti, Wolf: Centered Self-Attention Layers)"
+SOURCE = "Ali, Galanti, Wolf: Centered Self-Attention Layers (arXiv 2306.01610)"
 PAPER_ROW = "Ours† (DeiT-S, ImageNet-21k weights)"
 TOCO_ROW = "ToCo† [41] (ViT-B, ImageNet-21k weights)"
 
@@ -25,7 +27,7 @@ VOC_SHORT_NAMES = (
 
 VOC_SPLIT_IMAGES = {"train_aug": 10582, "val": 1449, "test": 1456}
 """Images per VOC split, as section 4 of the paper writes them ("10,582 training images, 1,449 validation images,
-and 1,456 test images"; DESIGN.md section 4: train_aug 10,582)."""
+and 1,456 test images"; docs/design.md section 4: train_aug 10,582)."""
 
 TABLE1 = {  # Table 1, row "Ours" and row "ToCo [41]" (ViT-B†): mIoU on VOC val and test
     "paper": {"val": 72.5, "test": 72.9},
@@ -51,8 +53,8 @@ TABLE3 = {  # Table 3, columns "Ours" (DeiT-S†) and "ToCo" (ViT-B†): pseudo-
 }
 
 NOTES = (
-    "Table 3: neither the paper nor DESIGN.md writes a pseudo-label score on the certain pixels only (the published "
-    "tables score every pixel), so those cells are empty.",
+    "Table 3: neither the paper nor docs/design.md writes a pseudo-label score on the certain pixels only (the "
+    "published tables score every pixel), so those cells are empty.",
     "Table 2: the paper's per-class row of Ours† averages to 75.7, not the 72.5 its mIoU column writes (ToCo†'s row "
     "averages to its 71.1); the report shows the numbers as written.",
 )

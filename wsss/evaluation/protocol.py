@@ -9,12 +9,20 @@ its number of images (and whether it is the full val set), and the checkpoint wi
 
 from __future__ import annotations
 
+import reprlib
+import types
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from wsss.config import fits_float
 from wsss.data.classes import VOC_CLASSES
 from wsss.evaluation.paper_tables import VOC_SPLIT_IMAGES
+
+LATER_FIELDS = {"max_size": None, "scored": True}
+"""Fields a protocol written by an older version lacks, with the value they stand for there (every run was scored;
+``max_size`` was not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -90,17 +98,37 @@ class EvalProtocol:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EvalProtocol:
-        """The inverse of :meth:`to_dict` (its derived keys ignored).
+        """The inverse of :meth:`to_dict` (its derived keys ignored); :data:`LATER_FIELDS` may be missing.
 
         Raises:
-            ValueError: A key is missing.
+            ValueError: A key is missing, or holds a value of another type than its field's.
         """
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in data and n not in ("max_size", "scored")]
+        missing = [n for n in names if n not in data and n not in LATER_FIELDS]
         if missing:
             raise ValueError(f"protocol without {', '.join(missing)}")
-        values = {n: data[n] for n in names if n in data}
+        values = {**LATER_FIELDS, **{n: data[n] for n in names if n in data}}
+        for name, tp in typing.get_type_hints(cls).items():
+            if not _of_type(tp, values[name]):
+                raise ValueError(f"protocol '{name}' is {reprlib.repr(values[name])}, not {_type_name(tp)}")
         return cls(**{**values, "scales": tuple(values["scales"])})
+
+
+def _type_name(tp: Any) -> str:
+    """``str``, ``int | None``, ``tuple[float, ...]``."""
+    return tp.__name__ if isinstance(tp, type) else str(tp)
+
+
+def _of_type(tp: Any, value: Any) -> bool:
+    """``value``, read from JSON, is of the type ``tp`` of a protocol field (a tuple as a list; a float in range)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_of_type(arg, value) for arg in args)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(_of_type(args[0], item) for item in value)
+    if tp is float:
+        return fits_float(value)
+    return isinstance(value, tp) and not (tp is int and isinstance(value, bool))
 
 
 def run_dir_name(checkpoint: str | Path, split: str | None, tta: bool, crf: bool) -> str:

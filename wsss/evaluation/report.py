@@ -9,22 +9,57 @@ Three tables, as the paper numbers them:
 Each row of ours comes from one file and carries the protocol that file records
 (:class:`wsss.evaluation.protocol.EvalProtocol`); a file without one is left out and named. When the class list is
 VOC's, the paper's row and ToCo's published row (:mod:`wsss.evaluation.paper_tables`) stand above ours, and a
-difference row follows each of ours; a cell whose number the sources do not write stays empty.
+difference row follows each of ours; a cell whose number the sources do not write, or that is NaN (a class absent
+from the scored images), stays empty.
+
+A result file that is not what its tool writes (not a regular file, not JSON, a JSON list, a score missing or not a
+number: :data:`FIELDS`) stops the report in one line naming the file, what is wrong and the tool that rewrites it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wsss.config import fits_float
 from wsss.evaluation import paper_tables as paper
 from wsss.evaluation.protocol import EvalProtocol
-from wsss.utils.fileio import atomic_write_text
+from wsss.utils.fileio import atomic_write_text, regular_file_problem
 
-RESULT_FILES = ("metrics.json", "cam_eval.json", "submission.json")
+WRITERS = {"metrics.json": "tools/test.py", "cam_eval.json": "tools/eval_cams.py --pseudo",
+           "submission.json": "tools/test.py --format-only"}  # fmt: skip
+"""The result files the report reads, each with the tool that writes it."""
+RESULT_FILES = tuple(WRITERS)
+TEST_SPLIT = "test"
+"""The split the VOC server scores (``--test-miou``)."""
+
+
+def _is_score(value: Any) -> bool:
+    """A number a float holds, NaN included; or None, as ``save_metrics_json`` writes NaN."""
+    return value is None or fits_float(value)
+
+
+_MISSING = object()
+KINDS: dict[str, Callable[[Any], bool]] = {
+    "a number": _is_score,
+    "a number or nothing": lambda value: value is _MISSING or _is_score(value),
+    "class names -> numbers": lambda value: isinstance(value, dict) and all(map(_is_score, value.values())),
+    "text": lambda value: isinstance(value, str),
+}
+FIELDS = {
+    "metrics.json": {"mIoU": "a number", "per_class.IoU": "class names -> numbers"},
+    "cam_eval.json": {"pseudo_every_pixel.mIoU": "a number",
+                      "pseudo_every_pixel.per_class.IoU": "class names -> numbers",
+                      "pseudo_certain_pixels.mIoU": "a number",
+                      "pseudo_certain_pixels.ignored_fraction": "a number or nothing"},
+    "submission.json": {"archive": "text"},
+}  # fmt: skip
+"""What the tables read from each result file (dotted keys), and the kind of :data:`KINDS` each must be."""
 
 
 @dataclass
@@ -45,7 +80,9 @@ class Table:
     rows: list[Row] = field(default_factory=list)
 
     def add_ours(self, name: str, values: list[float | None], source: str, protocol: EvalProtocol) -> None:
-        """Our row, then its difference to each published row above it (empty where either cell is)."""
+        """Our row, NaN as an empty cell, then its difference to each published row above it (empty where either
+        cell is)."""
+        values = [None if v is None or math.isnan(v) else v for v in values]
         self.rows.append(Row(name, "ours", values, source, protocol))
         for ref in [r for r in self.rows if r.kind in ("paper", "toco")]:
             diff = [None if a is None or b is None else a - b for a, b in zip(values, ref.values, strict=True)]
@@ -134,29 +171,27 @@ def build_report(
 
     Raises:
         FileNotFoundError: A work dir is missing.
-        ValueError: A result file that is not JSON or has a broken protocol, no result file with a protocol, runs
-            of different class lists, or ``test_miou`` without one matching submission (each one line naming the
-            file and what to do).
+        OSError: A result file cannot be read (the message names it).
+        ValueError: A result file that is not what its tool writes (:func:`read_result`), no result file with a
+            protocol, runs of different class lists, or ``test_miou`` without one test-split submission (each one
+            line naming the file and what to do).
     """
     paths = find_results([Path(p) for p in work_dirs])
     notes: list[str] = []
     runs = {name: [] for name in RESULT_FILES}
     for path in paths:
-        try:
-            data = json.loads(path.read_text())
-        except ValueError as err:
-            raise ValueError(f"{path} is not JSON ({err}): rerun the tool that wrote it, or move it away") from None
+        data, tool = read_result(path), WRITERS[path.name]
         if not isinstance(data.get("protocol"), dict):
-            tool = "tools/eval_cams.py" if path.name == "cam_eval.json" else "tools/test.py"
             notes.append(f"left out {path}: it records no protocol (written by an older version): rerun {tool}")
             continue
         if path.name == "cam_eval.json" and "pseudo_every_pixel" not in data:
-            notes.append(f"left out {path}: no pseudo-label scores: rerun tools/eval_cams.py with --pseudo")
+            notes.append(f"left out {path}: no pseudo-label scores: rerun {tool}")
             continue
         try:
             protocol = EvalProtocol.from_dict(data["protocol"])
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{path}: {err}: rerun the tool that wrote it") from None
+            raise ValueError(f"{path}: {err}: rerun {tool}") from None
+        _check_fields(path, data)
         runs[path.name].append(_Run(path.parent.name, path, protocol, data))
     if not any(runs.values()):
         raise ValueError(
@@ -172,11 +207,53 @@ def build_report(
     return Report(classes, voc, tables, notes)
 
 
+def read_result(path: Path) -> dict[str, Any]:
+    """The JSON object of a result file.
+
+    Raises:
+        OSError: It cannot be examined or read (the message names it).
+        ValueError: It is no regular file (a FIFO would block the read), not JSON, nested past Python's recursion
+            limit, or not a JSON object; the message names it and the tool that writes it.
+    """
+    tool = WRITERS[path.name]
+    if problem := regular_file_problem(path):
+        raise ValueError(f"{path}: {problem}, not the result file {tool} writes: move it away")
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{path} is not JSON ({err}): rerun {tool}, or move it away") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a JSON {type(data).__name__}, not the object {tool} writes: rerun it, or move the "
+                         "file away")  # fmt: skip
+    return data
+
+
+def _check_fields(path: Path, data: dict[str, Any]) -> None:
+    """Raise ValueError, naming ``path``, the key and the tool that writes the file, unless every field the tables
+    read (:data:`FIELDS`) is there and of its kind."""
+    for key, kind in FIELDS[path.name].items():
+        value = data
+        for part in key.split("."):
+            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+        if not KINDS[kind](value):
+            found = "no" if value is _MISSING else f"{reprlib.repr(value)} as"
+            raise ValueError(f"{path}: {found} '{key}', where {WRITERS[path.name]} writes {kind}: rerun it, or move "
+                             "the file away")  # fmt: skip
+
+
 def write_report(report: Report, out: str | Path) -> tuple[Path, Path]:
-    """``out/report.md`` and ``out/report.json``, each atomically; their paths."""
+    """``out/report.md`` and ``out/report.json``, each atomically; their paths.
+
+    Raises:
+        OSError: One cannot be written (a full disk, a read-only folder): one line naming it and the fix.
+    """
     md, js = Path(out) / "report.md", Path(out) / "report.json"
-    atomic_write_text(md, report.to_markdown())
-    atomic_write_text(js, json.dumps(report.to_dict(), indent=2) + "\n")
+    for path, text in ((md, report.to_markdown()), (js, json.dumps(report.to_dict(), indent=2) + "\n")):
+        try:
+            atomic_write_text(path, text)
+        except OSError as err:
+            raise OSError(f"cannot write {path} ({err.strerror or err}): free space there, or give --out a folder "
+                          "you can write to") from None  # fmt: skip
     return md, js
 
 
@@ -194,21 +271,25 @@ def _classes(runs: list[_Run]) -> list[str]:
 
 
 def _test_scores(submissions: list[_Run], test_miou: float | None, chosen: str | Path | None) -> dict[Path, float]:
-    """The server's mIoU by submission file."""
+    """The server's mIoU by submission file: the one submission of the test split (or ``chosen``, which must be
+    one), since the VOC server scores only the test split."""
     if test_miou is None:
         return {}
+    if not 0 <= test_miou <= 100:
+        raise ValueError(f"--test-miou: a percentage in [0, 100], got {test_miou}")
     if chosen is not None:
         chosen = Path(chosen) if Path(chosen).suffix == ".json" else Path(chosen) / "submission.json"
         submissions = [r for r in submissions if r.path.resolve() == chosen.resolve()]
-    if len(submissions) != 1:
-        found = ", ".join(str(r.path) for r in submissions) or "none"
-        raise ValueError(
-            f"--test-miou needs one submission.json of tools/test.py --format-only, found {found}: "
-            + ("give --submission DIR of the one the server scored" if submissions else "write one first")
-        )
-    if not 0 <= test_miou <= 100:
-        raise ValueError(f"--test-miou: a percentage in [0, 100], got {test_miou}")
-    return {submissions[0].path: test_miou}
+    other = [r for r in submissions if Path(r.protocol.split).stem != TEST_SPLIT]
+    tests = [r for r in submissions if r not in other]
+    if len(tests) != 1:
+        found = ", ".join(str(r.path) for r in tests) or "none"
+        others = "".join(f"; {r.path} is of split {r.protocol.split}" for r in other)
+        fix = ("give --submission DIR of the one the server scored" if tests else
+               f"run tools/test.py --format-only on the {TEST_SPLIT} split first, and upload its archive")  # fmt: skip
+        raise ValueError(f"--test-miou needs the submission.json of tools/test.py --format-only on the {TEST_SPLIT} "
+                         f"split, found {found}{others}: {fix}")  # fmt: skip
+    return {tests[0].path: test_miou}
 
 
 def _published(table: Table, key: str, values: dict[str, list[float | None]]) -> None:
@@ -261,7 +342,7 @@ def _table3(cam_runs: list[_Run], voc: bool) -> Table:
     for run in cam_runs:
         certain = run.data["pseudo_certain_pixels"]
         fraction = certain.get("ignored_fraction")
-        uncertain = None if fraction is None or math.isnan(fraction) else 100 * fraction
+        uncertain = None if fraction is None else 100 * fraction
         table.add_ours(run.name, [run.data["pseudo_every_pixel"]["mIoU"], certain["mIoU"], uncertain],
                        str(run.path), run.protocol)  # fmt: skip
     return table
@@ -271,8 +352,9 @@ def _sources(voc: bool) -> list[str]:
     if not voc:
         return ["the class list is not VOC's: the tables hold our runs only (the paper's rows are on VOC)"]
     return [
-        "paper and ToCo rows: wsss/evaluation/paper_tables.py, copied as written from the paper's Tables 1-3 "
-        "(DESIGN.md section 5 quotes the same 72.5 / 72.9 / 74.1 and ToCo's 71.1 / 72.2)",
+        f"paper and ToCo rows: copied as written from Tables 1-3 of {paper.SOURCE} into "
+        "wsss/evaluation/paper_tables.py (docs/design.md section 5 quotes the same 72.5 / 72.9 / 74.1 and ToCo's "
+        "71.1 / 72.2)",
         *paper.NOTES,
         "uncertain %: no published row writes it, so those cells are empty",
     ]
