@@ -54,6 +54,7 @@ from torch import Tensor
 from wsss.config import Config, InferConfig
 from wsss.data.transforms import normalize
 from wsss.inference.crf import crf_labels
+from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file, untrained_decoder_warning
 from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
 from wsss.utils.distributed import rank_and_world
@@ -64,8 +65,6 @@ __all__ = ["BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", 
 _UNSET: Any = object()
 ImageLike = np.ndarray | Image.Image | str | Path
 """What :meth:`Segmenter.predict` takes as one image (:func:`as_rgb`)."""
-_MATRIX_CHUNK = 256
-"""Unit vectors resized per call when building an interpolation matrix (bounds its temporary memory)."""
 
 
 @dataclass
@@ -147,65 +146,6 @@ def as_rgb(image: Any) -> np.ndarray:
             f"expected an (H, W), (H, W, 1), (H, W, 3) RGB or (H, W, 4) RGBA uint8 image, got shape {arr.shape}"
         )
     return arr
-
-
-def row_bands(height: int, width: int, band_pixels: int) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` of bands of rows of at most about ``band_pixels`` pixels covering ``height`` rows (0: one
-    band)."""
-    rows = max(1, band_pixels // width) if band_pixels else height
-    for start in range(0, height, rows):
-        yield start, min(start + rows, height)
-
-
-def interpolation_matrix(size_in: int, size_out: int, antialias: bool, device: torch.device) -> Tensor:
-    """(size_out, size_in) float32 weights of 1-D bilinear resizing as ``F.interpolate`` (``align_corners=False``,
-    with or without ``antialias``) computes them: each column is its resize of a unit vector."""
-    columns = []
-    for start in range(0, size_in, _MATRIX_CHUNK):
-        count = min(_MATRIX_CHUNK, size_in - start)
-        units = torch.zeros(count, 1, 1, size_in, device=device)  # along the width: torch resizes an (n, 1)
-        units[torch.arange(count), 0, 0, torch.arange(start, start + count)] = 1.0  # column otherwise (antialias)
-        resized = F.interpolate(units, size=(1, size_out), mode="bilinear", align_corners=False, antialias=antialias)
-        columns.append(resized[:, 0, 0, :])
-    return torch.cat(columns).T.contiguous()
-
-
-class BandResize:
-    """Bilinear resizing (``align_corners=False``) of (..., h, w) maps to (H, W) a band of output rows at a time.
-
-    Bilinear resizing is separable: a band's rows are ``rows[band] @ maps`` with the 1-D weights of
-    :func:`interpolation_matrix` (over the few source rows they touch), then ``F.interpolate`` along the width
-    alone. A band equals the rows of ``F.interpolate(maps, (H, W))`` up to float rounding, and the full-size maps
-    never exist. Maps already at (H, W) are sliced as they are.
-
-    Args:
-        source: (h, w) of the maps.
-        target: (H, W) to resize them to.
-        device: Where the weights live (that of the maps).
-    """
-
-    def __init__(self, source: tuple[int, int], target: tuple[int, int], device: torch.device) -> None:
-        self.source, self.target = tuple(source), tuple(target)
-        self.rows = None
-        if self.source != self.target:
-            self.rows = interpolation_matrix(source[0], target[0], False, device)
-            touched = (self.rows != 0).cpu()
-            self.first = touched.int().argmax(dim=1).tolist()  # the first and last source row of each output row
-            self.last = (source[0] - 1 - touched.flip(1).int().argmax(dim=1)).tolist()
-
-    def band(self, maps: Tensor, start: int, stop: int) -> Tensor:
-        """Rows ``start:stop`` of ``maps`` resized: (..., h, w) -> (..., stop - start, W)."""
-        if self.rows is None:
-            return maps[..., start:stop, :]
-        low, high = min(self.first[start:stop]), max(self.last[start:stop]) + 1
-        rows = self.rows[start:stop, low:high] @ maps[..., low:high, :].float()
-        flat = rows.reshape(1, -1, *rows.shape[-2:])
-        wide = F.interpolate(flat, size=(stop - start, self.target[1]), mode="bilinear", align_corners=False)
-        return wide.reshape(*rows.shape[:-1], self.target[1])
-
-    def full(self, maps: Tensor) -> Tensor:
-        """``maps`` resized whole: (..., h, w) -> (..., H, W)."""
-        return self.band(maps, 0, self.target[0])
 
 
 @dataclass
@@ -345,13 +285,11 @@ class Segmenter:
         float image."""
         if tuple(raw.shape[:2]) == tuple(size):
             return normalize(raw, self.mean, self.std).to(self.device)
-        narrow = [
-            F.interpolate(normalize(raw[start:stop], self.mean, self.std)[None].to(self.device),
-                          size=(stop - start, size[1]), mode="bilinear", align_corners=False, antialias=True)
-            for start, stop in row_bands(raw.shape[0], raw.shape[1], band_pixels)
-        ]  # fmt: skip
-        x = F.interpolate(torch.cat(narrow, dim=-2), size=size, mode="bilinear", align_corners=False, antialias=True)
-        return x[0]
+
+        def band(start: int, stop: int) -> Tensor:
+            return normalize(raw[start:stop], self.mean, self.std)[None].to(self.device)
+
+        return shrink(band, raw.shape[:2], size, band_pixels)[0]
 
     @torch.no_grad()
     def run_batch(
