@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for the predicted masks (DIR/masks/<id>.png)")
     parser.add_argument("--show-dir", type=Path, help="folder for the painted images and index.html")
     parser.add_argument("--tta", action="store_true", help="multi-scale + flip (infer.scales, infer.flip)")
-    parser.add_argument("--crf", action="store_true", help="dense CRF on each mask (infer.crf.*; see above)")
+    parser.add_argument(
+        "--crf", action="store_true",
+        help="dense CRF on each mask (infer.crf.*; within infer.crf.memory_mib MiB, a larger image at a reduced "
+        "resolution; see above)",
+    )  # fmt: skip
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--launcher", choices=("none", "pytorch"), default="none", help="pytorch: under torchrun")

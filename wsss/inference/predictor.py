@@ -32,9 +32,11 @@ Every option defaults to the checkpoint's config (``infer.*``). ``tools/infer.py
 :func:`wsss.inference.runner.run_inference` run through :meth:`Segmenter.run_batch`, as :meth:`Segmenter.predict`
 does, so the library and the CLI share one inference path.
 
-Memory: the model sees an image with its longest side at most ``infer.max_size``; the outputs are brought to the
-image's own size a band of rows at a time (:class:`BandResize`), so a 12000 x 12000 photo never holds full-size
-float logits, only the uint8 mask.
+Memory: the model sees an image with its longest side at most :func:`longest_side` (``infer.max_size``, and in any
+case at most :data:`~wsss.config.validation.MAX_SIDE` px at the largest TTA scale, whatever ``max_size`` and the
+scales come from: a checkpoint, ``--cfg-options`` or an argument); the outputs are brought to the image's own size a
+band of rows at a time (:class:`BandResize`), so a 12000 x 12000 photo never holds full-size float logits, only the
+uint8 mask.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from PIL import Image
 from torch import Tensor
 
 from wsss.config import Config, InferConfig
+from wsss.config.validation import MAX_SIDE
 from wsss.data.transforms import normalize
 from wsss.inference.crf import crf_labels
 from wsss.inference.resize import BandResize, row_bands, shrink
@@ -60,7 +63,7 @@ from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
 from wsss.utils.distributed import rank_and_world
 from wsss.utils.fileio import image_to_rgb, read_image
 
-__all__ = ["BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "row_bands"]
+__all__ = ["BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "longest_side", "row_bands"]
 
 _UNSET: Any = object()
 ImageLike = np.ndarray | Image.Image | str | Path
@@ -96,6 +99,14 @@ class Segmentation:
     def class_probs(self) -> dict[str, float]:
         """``scores`` by foreground class name (what ``labels/<image>.json`` of ``tools/infer.py`` holds)."""
         return dict(zip(self.classes[1:], self.scores.tolist(), strict=True))
+
+
+def longest_side(max_size: int | None, scales: Sequence[float]) -> int:
+    """The longest side an image is brought to before the TTA ``scales``: ``max_size``, lowered to what keeps the
+    largest scale within :data:`~wsss.config.validation.MAX_SIDE` px; 0 or None (no cap of its own): that ceiling.
+    So the model never sees a side over ``MAX_SIDE``, whatever the source of the two settings."""
+    ceiling = max(1, int(MAX_SIDE / max(scales)))
+    return min(max_size, ceiling) if max_size else ceiling
 
 
 def as_rgb(image: Any) -> np.ndarray:
@@ -307,17 +318,19 @@ class Segmenter:
             images: (H, W, 3) uint8 RGB arrays (:func:`as_rgb`), all of one size.
             scales: TTA scales (default ``infer.scales``).
             flip: Flip TTA (default ``infer.flip``).
-            max_size: Longest side the model sees: a larger image is downscaled (bilinear, antialiased) and its
-                outputs are brought back to its size by :class:`BatchOutputs` (default ``infer.max_size``; 0 or
-                None: the original size). Bands of ``max_size**2`` pixels bound the resizing's memory.
+            max_size: Longest side an image is brought to before the scales (default ``infer.max_size``; 0 or None:
+                no cap of its own), lowered by :func:`longest_side` so that the largest scale stays within
+                :data:`~wsss.config.validation.MAX_SIDE` px: a larger image is downscaled (bilinear, antialiased)
+                and its outputs are brought back to its size by :class:`BatchOutputs`, in bands of ``max_size**2``
+                pixels.
             cams: Also compute the CAMs.
         """
         scales = tuple(self.cfg.scales if scales is None else scales)
         flip = self.cfg.flip if flip is None else flip
-        max_size = (self.cfg.max_size if max_size is _UNSET else max_size) or 0
+        max_size = longest_side(self.cfg.max_size if max_size is _UNSET else max_size, scales)
         size = tuple(images[0].shape[:2])
         small = size
-        if max_size and max(size) > max_size:
+        if max(size) > max_size:
             factor = max_size / max(size)
             small = (max(1, round(size[0] * factor)), max(1, round(size[1] * factor)))
         x = torch.stack([self.model_input(raw, small, max_size**2) for raw in images])
