@@ -7,21 +7,24 @@ per image.
     result = segmenter.predict("photo.jpg", crf=True, cams=True)   # or an array, or a PIL image
     result.mask            # (H, W) uint8 class ids: indices into result.classes (background 0)
     result.scores          # (C-1,) float32 image-level probability of each foreground class (classes[1:])
-    result.present_ids     # array([12, 15]): the ids of the classes the classifier finds in the image
+    result.present_ids     # array([12, 15]): the classes the classifier finds in the image and the mask shows
     result.present         # ["dog", "person"]: their names
     result.cams            # {"dog": (H, W) float32, "person": ...}: the CAM of each present class
     results = segmenter.predict([a, b, "c.jpg"])   # a list in, a list of results out, in order
 
 What the outputs mean, and how they agree:
 
-- ``present``: the foreground classes whose image-level probability (``scores``) exceeds
+- The classifier's classes: the foreground classes whose image-level probability (``scores``) exceeds
   ``infer.cls_thresh``; when none does, the single most probable class (``top1_fallback`` is then True), since
   a photo given to a segmenter is taken to show something.
-- ``cams``: one CAM per ``present`` class.
 - ``mask``: with ``infer.mask_classes = "present"`` (the default) the argmax (and the CRF) runs over the
-  background and the ``present`` classes only, so every class in the mask is in ``present``; with ``"all"`` (the
-  reference's inference) over every class, so the mask may hold classes the classifier calls absent
+  background and the classifier's classes only; with ``"all"`` (the reference's inference) over every class
   (docs/reference.md row 18 measures both).
+- ``present``: the classifier's classes that the mask shows (at least one pixel), so a class is never named, given
+  a CAM or captioned in the gallery while its mask is empty (a top-1 class whose logits lose to the background's
+  everywhere, such as a grayscale photo's, is left out: ``present`` may then be empty). With ``"present"`` the mask
+  holds exactly the background and ``present``; with ``"all"`` it may also hold classes the classifier calls absent.
+- ``cams``: one CAM per ``present`` class.
 
 Inputs: an image file (read as :func:`~wsss.utils.fileio.read_image` reads it: EXIF orientation, grayscale,
 palette, RGBA composited on black, 16-bit), a ``PIL.Image`` (converted the same way, without the EXIF rotation,
@@ -63,9 +66,13 @@ from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
 from wsss.utils.distributed import rank_and_world
 from wsss.utils.fileio import image_to_rgb, read_image
 
-__all__ = ["BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "longest_side", "row_bands"]
+__all__ = [
+    "BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "classes_shown", "longest_side", "row_bands",
+]  # fmt: skip
 
 _UNSET: Any = object()
+_COUNT_CHUNK = 1 << 20
+"""Mask pixels per ``np.bincount`` (which counts in int64: 8 bytes a pixel for the chunk, not for a whole mask)."""
 ImageLike = np.ndarray | Image.Image | str | Path
 """What :meth:`Segmenter.predict` takes as one image (:func:`as_rgb`)."""
 
@@ -80,9 +87,11 @@ class Segmentation:
         scores: (C-1,) float32 image-level probability of each foreground class, in the order of ``classes[1:]``
             (sigmoid of the classifier logits, averaged over the TTA passes): ``scores[k - 1]`` is class k's.
         present_ids: (K,) int64 ids (into ``classes``, as in ``mask``), ascending, of the foreground classes whose
-            score exceeds ``infer.cls_thresh``, or of the most probable one when none does (``top1_fallback``).
+            score exceeds ``infer.cls_thresh``, or of the most probable one when none does (``top1_fallback``),
+            that the mask shows (:meth:`Segmenter.present_classes`).
         present: The K names of ``present_ids``.
-        top1_fallback: No class passed ``infer.cls_thresh``; ``present`` is the most probable class.
+        top1_fallback: No class passed ``infer.cls_thresh``; ``present`` is the most probable class, or empty when
+            the mask does not show it.
         cams: With ``cams=True``: (H, W) float32 CAM in [0, 1] of each ``present`` class, by name; else None.
         classes: Every class name, background first.
     """
@@ -107,6 +116,15 @@ def longest_side(max_size: int | None, scales: Sequence[float]) -> int:
     So the model never sees a side over ``MAX_SIDE``, whatever the source of the two settings."""
     ceiling = max(1, int(MAX_SIDE / max(scales)))
     return min(max_size, ceiling) if max_size else ceiling
+
+
+def classes_shown(mask: np.ndarray, count: int) -> np.ndarray:
+    """(count,) bool: which of ``count`` class ids the uint8 ``mask`` holds (counted a million pixels at a time)."""
+    flat = mask.reshape(-1)
+    shown = np.zeros(count, dtype=bool)
+    for start in range(0, flat.size, _COUNT_CHUNK):
+        shown |= np.bincount(flat[start : start + _COUNT_CHUNK], minlength=count)[:count] > 0
+    return shown
 
 
 def as_rgb(image: Any) -> np.ndarray:
@@ -289,6 +307,13 @@ class Segmenter:
         present, _ = predicted_classes(cls_logits, self.cfg.cls_thresh)
         return torch.cat([present.new_ones(1), present])
 
+    def present_classes(self, cls_logits: Tensor, mask: np.ndarray) -> tuple[Tensor, bool]:
+        """The ``present`` classes of an image: (C-1,) bool, the classes the classifier finds (``infer.cls_thresh``,
+        or its top-1 when none passes) that the (H, W) uint8 ``mask`` shows; and whether the top-1 rule chose them."""
+        chosen, top1 = predicted_classes(cls_logits, self.cfg.cls_thresh)
+        shown = torch.from_numpy(classes_shown(mask, len(self.classes))[1:]).to(chosen.device)
+        return chosen & shown, top1
+
     def model_input(self, raw: np.ndarray, size: tuple[int, int], band_pixels: int) -> Tensor:
         """(3, h, w) normalised model input of an (H, W, 3) uint8 image: at its own size, or downscaled to ``size``
         (bilinear, antialiased): the width of each band of ``band_pixels`` pixels, then the height of the narrow
@@ -417,7 +442,7 @@ class Segmenter:
             mask = keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy()[labels]
         else:
             mask = batch.mask(i, keep)
-        present, top1 = predicted_classes(cls_logits, self.cfg.cls_thresh)
+        present, top1 = self.present_classes(cls_logits, mask)
         ids = present.nonzero()[:, 0].cpu().numpy().astype(np.int64) + 1
         names = [self.classes[k] for k in ids.tolist()]
         cam_maps = None

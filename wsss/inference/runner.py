@@ -23,8 +23,9 @@ under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive
     index.html            gallery, one row per image: input, mask, mask over the input, ground truth, one CAM
                           cell per present class captioned with its name and score; a colour legend; fits
                           1400 px (CAM cells wrap) (--gallery, which implies --overlay --cams)
-    labels/<rel>.json     "present": the classes the classifier predicts present (sigmoid > infer.cls_thresh),
-                          or its top-1 class when none is ("top1_fallback": true); "scores": every
+    labels/<rel>.json     "present": the classes the classifier predicts present (sigmoid > infer.cls_thresh,
+                          or its top-1 class when none is: "top1_fallback": true) that the mask shows, so
+                          the mask, "present", the CAMs and the gallery's captions agree; "scores": every
                           foreground class's probability (written with the image's other outputs, so an
                           interrupted run loses none)
     image_labels.json     every image's labels/ entry in one file, merged at the end of each run
