@@ -49,7 +49,7 @@ NORM_EPS = 1e-20
 
 BYTES_PER_PIXEL = 4096
 """Peak working memory of the torch backend per pixel for its two lattices and their construction (sort keys, sparse
-matrices): 3.2-3.8 KB measured as peak RSS on the CPU on colour noise of 0.04-0.5 Mpx (the most lattice points an
+matrices): 3.2-4.0 KB measured as peak RSS on the CPU on colour noise of 0.02-0.5 Mpx (the most lattice points an
 image can have; photographs need about half), tests/inference/test_crf.py::test_peak_memory_stays_within_the_budget.
 """
 BYTES_PER_PIXEL_AND_CLASS = 64
