@@ -323,7 +323,8 @@ def test_no_caption_or_cam_for_a_class_the_mask_does_not_show(trained, tmp_path,
     monkeypatch.setattr(predictor, "tta_forward", class_two_as_top1(len(TOY_CLASSES), shown=False))
     image, out = tmp_path / "gray.png", tmp_path / "out"
     save_image(image, np.full((40, 60, 3), 128, np.uint8))
-    assert infer_cli.main([str(ckpt), str(image), str(out), "--gallery", "--workers", "0", "--no-progress", *crf]) == 0
+    args = [str(ckpt), str(image), str(out), "--gallery", "--max-size", "32", "--workers", "0", "--no-progress"]
+    assert infer_cli.main([*args, *crf]) == 0  # the CAMs (of no class) resized from the model's 32 px to 60 px
     assert not read_mask(out / "masks" / "gray.png").any()
     entry = json.loads((out / "labels" / "gray.json").read_text())
     assert entry["present"] == [] and entry["top1_fallback"] is True and entry["scores"][TOY_CLASSES[2]] == 0.2689

@@ -93,8 +93,7 @@ def dense_crf(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: CrfCo
     """
     cfg = cfg or CrfConfig()
     _check_pair(image, probs)
-    q, size = _refine_one(image, probs, cfg)
-    q = q if tuple(q.shape[1:]) == size else BandResize(q.shape[1:], size, q.device).full(q)
+    q = _full_size(*_refine_one(image, probs, cfg))
     return q if isinstance(probs, Tensor) else q.numpy()
 
 
@@ -146,8 +145,7 @@ def dense_crf_batch(
     """
     for image, p in zip(images, probs, strict=True):
         _check_pair(image, p)
-    return [q if tuple(q.shape[1:]) == size else BandResize(q.shape[1:], size, q.device).full(q)
-            for q, size in _refine_batch(images, probs, cfg, dtype)]  # fmt: skip
+    return [_full_size(q, size) for q, size in _refine_batch(images, probs, cfg, dtype)]
 
 
 def _bytes_per_pixel(classes: int) -> int:
@@ -169,19 +167,9 @@ def _refine_batch(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor]
     """(marginals at :func:`working_size`, (H, W)) of each checked image, in runs that fit the budget."""
     if not probs:
         return []
-    budget, out = cfg.memory_mib * 2**20, []
-    runs: list[list[int]] = []
-    pixels = classes = 0
-    for k, p in enumerate(probs):
-        c, h, w = p.shape
-        if runs and (pixels + h * w) * _bytes_per_pixel(max(classes, c)) <= budget:
-            runs[-1].append(k)
-            pixels, classes = pixels + h * w, max(classes, c)
-        else:
-            runs.append([k])
-            pixels, classes = h * w, c
+    out = []
     with torch.no_grad(), torch.autocast(probs[0].device.type, enabled=False):  # float32 products, no graph
-        for run in runs:
+        for run in _runs([tuple(p.shape) for p in probs], cfg):
             if len(run) == 1:  # alone: at a reduced resolution when over the budget
                 image, small, run_cfg = _reduced(images[run[0]], probs[run[0]], cfg)
                 q = _mean_field([image], [small], run_cfg, dtype)
@@ -189,6 +177,21 @@ def _refine_batch(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor]
                 q = _mean_field([images[k] for k in run], [probs[k] for k in run], cfg, dtype)
             out += [(m, tuple(probs[k].shape[1:])) for m, k in zip(q, run, strict=True)]
     return out
+
+
+def _runs(shapes: list[tuple[int, int, int]], cfg: CrfConfig) -> list[list[int]]:
+    """The images of each mean-field run, by index: consecutive (C, H, W) ``shapes`` while the run's estimate (its
+    pixels x the bytes per pixel of its most classes) fits ``cfg.memory_mib``."""
+    runs: list[list[int]] = []
+    pixels = classes = 0
+    for k, (c, h, w) in enumerate(shapes):
+        if runs and (pixels + h * w) * _bytes_per_pixel(max(classes, c)) <= cfg.memory_mib * 2**20:
+            runs[-1].append(k)
+            pixels, classes = pixels + h * w, max(classes, c)
+        else:
+            runs.append([k])
+            pixels, classes = h * w, c
+    return runs
 
 
 def _reduced(image: np.ndarray | Tensor, probs: Tensor, cfg: CrfConfig) -> tuple[Tensor, Tensor, CrfConfig]:
@@ -205,6 +208,11 @@ def _reduced(image: np.ndarray | Tensor, probs: Tensor, cfg: CrfConfig) -> tuple
     factor = math.sqrt(h * w / (height * width))
     run = replace(cfg, gaussian_sxy=cfg.gaussian_sxy * factor, bilateral_sxy=cfg.bilateral_sxy * factor)
     return small_rgb, small, run
+
+
+def _full_size(q: Tensor, size: tuple[int, int]) -> Tensor:
+    """The (C, h, w) marginals ``q`` resized (bilinear) to ``size`` (H, W), or as they are at that size."""
+    return q if tuple(q.shape[1:]) == tuple(size) else BandResize(q.shape[1:], size, q.device).full(q)
 
 
 def _labels(q: Tensor, size: tuple[int, int]) -> Tensor:

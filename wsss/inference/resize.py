@@ -79,6 +79,8 @@ class BandResize:
         """Rows ``start:stop`` of ``maps`` resized: (..., h, w) -> (..., stop - start, W)."""
         if self.rows is None:
             return maps[..., start:stop, :]
+        if not maps.numel():  # no map at all (an image without a present class's CAM)
+            return maps.new_zeros(*maps.shape[:-2], stop - start, self.target[1], dtype=torch.float32)
         low, high = min(self.first[start:stop]), max(self.last[start:stop]) + 1
         rows = self.rows[start:stop, low:high] @ maps[..., low:high, :].float()
         flat = rows.reshape(1, -1, *rows.shape[-2:])
