@@ -158,10 +158,10 @@ def test_no_source_lets_the_model_see_more_than_the_ceiling(trained, tmp_path, m
 
     monkeypatch.setattr(predictor, "tta_forward", recording)
     options = ["--no-flip", "--workers", "0", "--no-progress"]
+    uncapped = ["--cfg-options", "infer.max_size=0", "infer.scales=[4.0]"]
     runs = {
         "checkpoint": [str(tmp_path / "crafted.pth"), str(inp), str(tmp_path / "a"), *options],
-        "--cfg-options": [str(ckpt), str(inp), str(tmp_path / "b"), *options, "--cfg-options", "infer.max_size=0",
-                          "infer.scales=[4.0]"],  # fmt: skip
+        "--cfg-options": [str(ckpt), str(inp), str(tmp_path / "b"), *options, *uncapped],
         "--max-size 0": [str(ckpt), str(inp), str(tmp_path / "c"), *options, "--max-size", "0", "--scales", "4"],
     }
     for name, argv in runs.items():
