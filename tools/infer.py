@@ -18,7 +18,10 @@ read); --follow-symlinks reads those that point to regular image files, e.g. a v
 JPEGImages. Unreadable files and unsafe paths are skipped and listed in the summary; the exit status is still 0
 (1 when no image could be processed). Scales, flip, max size and CRF constants default to the checkpoint's config
 (infer.*); --cfg-options overrides any infer.* value. The model sees every image with its longest side at most
---max-size (default infer.max_size, 1024; 0: no cap), its mask comes back at full size. An OUTPUT where an output
+--max-size (default infer.max_size, 1024; 0: no cap of its own), and never over 2048 px at the largest scale
+whatever the checkpoint or the options say; its mask comes back at full size. --crf runs within infer.crf.memory_mib
+(default 3072 MiB) per call: an image whose estimate, pixels x (4 KB + 64 B x classes), exceeds it runs the CRF at
+the largest reduced resolution that fits, its marginals brought back to full size. An OUTPUT where an output
 could land on an input (INPUT, or INPUT inside OUTPUT/masks/, OUTPUT/thumbs/, ...) is refused. SIGTERM stops the
 run within seconds, every finished image whole; a full disk stops it with one error naming the file (exit status
 2), after writing summary.json where it can. It runs wsss.inference.predictor.Segmenter, the Python predictor;
@@ -48,13 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("--list", type=Path, metavar="FILE", help="text file of image paths under INPUT, one per line")
     parser.add_argument("--scales", type=float, nargs="+", help="TTA scales (default: the checkpoint's)")
     parser.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None, help="flip TTA")
-    parser.add_argument("--crf", action="store_true", help="dense CRF (infer.crf.*; torch backend: on --device)")
+    parser.add_argument(
+        "--crf", action="store_true",
+        help="dense CRF (infer.crf.*; torch backend: on --device; within infer.crf.memory_mib MiB, see above)",
+    )  # fmt: skip
     parser.add_argument("--crf-workers", type=int, help="pydensecrf backend: CRF processes per rank")
     parser.add_argument("--overlay", action="store_true", help="write mask overlays (JPEG)")
     parser.add_argument("--cams", action="store_true", help="write CAM heatmaps of the predicted classes")
     parser.add_argument("--logits", action="store_true", help="write 1/4-size float16 logits (.npy)")
     parser.add_argument("--gallery", action="store_true", help="write index.html (implies --overlay --cams)")
-    parser.add_argument("--max-size", type=int, help="longest side the model sees, 0: no cap (default: infer.max_size)")
+    parser.add_argument(
+        "--max-size", type=int,
+        help="longest side the model sees, 0: no cap of its own (2048 px / the largest scale; default: infer.max_size)",
+    )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=1, help="same-size images per forward batch")
     parser.add_argument("--workers", type=int, default=2, help="image decoding processes per rank")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")

@@ -23,7 +23,9 @@ printed: every pixel (the paper's Table 3) and certain pixels only (--certain-on
 Under torchrun (--launcher pytorch, any number of nodes) each rank takes a share of the sorted ids balanced by pixel
 count and writes its masks atomically; rank 0 then writes the split file, configs and summary. A re-run, with the
 same or another number of ranks, skips images whose masks exist (--overwrite redoes them); masks made with other
-settings are refused. OUT must be on a file system every node sees. --crf-workers CRF processes run per rank.
+settings (the checkpoint known by its SHA-256, not its path) or without a readable run.json are refused. OUT is
+locked for the run (OUT/export.lock): a second export into it stops at once. OUT must be on a file system every node
+sees. --crf-workers CRF processes run per rank.
 """
 
 from __future__ import annotations
@@ -46,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config", type=Path, help="config whose data, cam, par and infer.crf replace the checkpoint's"
     )
-    parser.add_argument("--crf", action="store_true", help="dense CRF on each score stack (infer.crf.*)")
+    parser.add_argument(
+        "--crf", action="store_true",
+        help="dense CRF on each score stack (infer.crf.*; within infer.crf.memory_mib MiB, a larger image at a "
+        "reduced resolution)",
+    )  # fmt: skip
     parser.add_argument("--crf-workers", type=int, help="pydensecrf backend: CRF processes per rank")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")

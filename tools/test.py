@@ -21,10 +21,11 @@ Outputs (nothing is written beside the checkpoint, which may be read-only):
   --show-dir DIR   the painted images: overlays/, CAMs (cams/), thumbnails, ground truth (gt/) and an index.html
                    gallery, with the masks they show; with --out as well, the masks are also copied to --out
 
-The VOC test server (mmseg's --format-only): ``--split test --format-only --out DIR`` scores nothing (no ground truth
-needed) and writes DIR/results/VOC2012/Segmentation/comp6_test_cls/<id>.png and DIR/results.tar.gz to upload; it
-prints how to submit. Every run prints its protocol line (scales, flip, CRF, mask_classes, split and size, step) and
-records it in metrics.json (submission.json with --format-only), where tools/report.py reads it.
+The VOC test server (mmseg's --format-only): ``--split test --format-only --out DIR`` scores nothing (no ground
+truth needed) and writes DIR/results/VOC2012/Segmentation/comp6_test_cls/<id>.png and DIR/results.tar.gz to upload,
+from the predicted masks in DIR/masks/ (the run folder gets submission.json alone); it prints how to submit. Every
+run prints its protocol line (scales, flip, CRF, mask_classes, split and size, step) and records it in metrics.json
+(submission.json with --format-only), where tools/report.py reads it.
 
 Several GPUs or nodes: ``torchrun --nproc-per-node N tools/test.py CONFIG CHECKPOINT ... --launcher pytorch``.
 Each rank predicts its share of the images and scores every N-th mask, the confusion matrices are summed across
@@ -48,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for the predicted masks (DIR/masks/<id>.png)")
     parser.add_argument("--show-dir", type=Path, help="folder for the painted images and index.html")
     parser.add_argument("--tta", action="store_true", help="multi-scale + flip (infer.scales, infer.flip)")
-    parser.add_argument("--crf", action="store_true", help="dense CRF on each mask (infer.crf.*; see above)")
+    parser.add_argument(
+        "--crf", action="store_true",
+        help="dense CRF on each mask (infer.crf.*; within infer.crf.memory_mib MiB, a larger image at a reduced "
+        "resolution; see above)",
+    )  # fmt: skip
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--launcher", choices=("none", "pytorch"), default="none", help="pytorch: under torchrun")

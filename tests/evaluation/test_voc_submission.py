@@ -82,8 +82,10 @@ def test_format_only_writes_the_devkit_layout_and_one_archive(checkpoint, test_s
     run = tmp_path / "work" / "test_iter_0_test"
     record = json.loads((run / "submission.json").read_text())
     assert record["archive"] == str(archive) and record["protocol"]["scored"] is False
-    assert sorted(p.name for p in (run / "masks").iterdir()) == ["t1.png", "t2.png"]
-    assert not (run / "metrics.json").exists()
+    assert sorted(p.name for p in run.iterdir()) == ["submission.json"]  # issue 38, 5.6: no second copy of the masks
+    assert sorted(p.name for p in (out / "masks").iterdir()) == ["t1.png", "t2.png"]  # --out's masks, as ever
+    for image_id in SIZES:
+        assert (out / "masks" / f"{image_id}.png").read_bytes() == (out / LAYOUT / f"{image_id}.png").read_bytes()
 
 
 def test_format_only_refuses_without_out_or_with_an_image_missing(checkpoint, test_split, tiny_voc, tmp_path, capsys):
@@ -108,5 +110,6 @@ def test_two_ranks_write_the_same_archive_as_one_process(checkpoint, test_split,
     proc = torchrun(2, "tools/test.py", *args(cfg_file, ckpt, tmp_path / "sharded"), "--launcher", "pytorch")
     assert proc.stdout.count("upload ") == 1  # rank 0 alone prints
     single, sharded = files(tmp_path / "single" / "out"), files(tmp_path / "sharded" / "out")
-    assert sorted(single) == sorted([f"{LAYOUT}/t1.png", f"{LAYOUT}/t2.png", "results.tar.gz"])
-    assert sharded == single
+    submitted = [f"{LAYOUT}/t1.png", f"{LAYOUT}/t2.png", "masks/t1.png", "masks/t2.png", "results.tar.gz"]
+    assert sorted(k for k in single if k.startswith(("results", "masks/"))) == sorted(submitted)
+    assert {k: sharded[k] for k in submitted} == {k: single[k] for k in submitted}

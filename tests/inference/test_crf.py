@@ -8,15 +8,29 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import json
+import math
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.fake_cuda import fake_cuda, needs_fake_cuda
-from wsss.config import CrfConfig
-from wsss.inference.crf import CrfPool, crf_labels, dense_crf, dense_crf_batch
+from wsss.config import ConfigError, CrfConfig
+from wsss.inference import crf as crf_module
+from wsss.inference.crf import (
+    BYTES_PER_PIXEL,
+    BYTES_PER_PIXEL_AND_CLASS,
+    CrfPool,
+    crf_labels,
+    dense_crf,
+    dense_crf_batch,
+    working_size,
+)
 
 HAS_PYDENSECRF = importlib.util.find_spec("pydensecrf") is not None
 BACKENDS = [
@@ -172,13 +186,17 @@ def test_pool_reports_job_errors_through_the_future(backend):
             np.testing.assert_array_equal(good.result(timeout=120), crf_labels(image, probs, crf_cfg(backend)))
 
 
-def test_torch_batch_equals_one_image_at_a_time():
-    """Images of other sizes and numbers of classes in one call: each as if alone (its own lattice; padded classes
-    take no probability). A lattice shared across images would let one image's colours smooth another's. The gap
-    (6.9e-6 measured) is float32 summation order: the sparse products block other numbers of columns otherwise."""
+@pytest.mark.parametrize("cfg", [CrfConfig(), OTHER_CRF], ids=["default", "other"])
+def test_torch_batch_equals_one_image_at_a_time(cfg):
+    """Images of other sizes and numbers of classes in one call: each as if alone (its own lattice, with its own
+    reference padding points; padded classes take no probability). A lattice shared across images would let one
+    image's colours smooth another's. Images 1-3 have pixel counts that are not multiples of 4, so they have padding
+    points: under OTHER_CRF's constants padding points put in image 0's lattice move the marginals of images 0 and 2
+    by 6.8e-3 and 1.0e-3 (under the default constants by less than 1e-7, which the default case alone would miss).
+    The gap allowed (6.9e-6 measured on an earlier torch) is float32 summation order."""
     cases = [colour_noise_case(seed=s, height=20 + 3 * s, width=31 - 2 * s, classes=2 + s) for s in range(4)]
     cases.append(two_region_case(seed=5)[:2])
-    cfg = CrfConfig()
+    assert [(i.shape[0] * i.shape[1]) % 4 for i, _ in cases] == [0, 3, 2, 1, 0]
     alone = [dense_crf(image, probs, cfg) for image, probs in cases]
     batch = dense_crf_batch([i for i, _ in cases], [torch.from_numpy(p) for _, p in cases], cfg)
     for a, b in zip(alone, batch, strict=True):
@@ -215,33 +233,37 @@ def test_missing_package_names_it_and_torch_needs_none(monkeypatch):
 
 
 @needs_fake_cuda
-def test_the_lattice_is_built_on_the_device_of_the_features():
-    """On the emulated CUDA device (tests/fake_cuda.py) every step of the lattice construction keeps to ``cuda``
-    and gives the CPU's lattice; the sparse products that follow cannot run there (no sparse layouts in
-    FakeTensorMode) and are compared with the CPU on a real GPU by `make gpu-check`."""
+def test_the_lattice_is_built_on_the_device_of_the_features(monkeypatch):
+    """On the emulated CUDA device (tests/fake_cuda.py) the whole lattice construction of a batch of two images with
+    reference padding keeps to ``cuda`` and gives the CPU's lattice: every index and weight of the splat, slice and
+    blur matrices. The sparse matrices themselves cannot exist there (no sparse layouts in FakeTensorMode): their
+    constructor is replaced by one that returns its parts, on both devices; the sparse products are compared with the
+    CPU on a real GPU by `make gpu-check`. A CPU tensor among the ``cuda`` ones (such as the vertex offsets made
+    without ``device=``) raises here as on a GPU."""
     from wsss.inference import permutohedral as lattice
 
-    image, _ = colour_noise_case(seed=3)
-    xy = torch.stack(torch.meshgrid(torch.arange(24.0), torch.arange(32.0), indexing="ij")[::-1], -1).reshape(-1, 2)
+    monkeypatch.setattr(torch, "sparse_csr_tensor", lambda crow, col, values, size, **_: (crow, col, values, size))
+    image, _ = colour_noise_case(seed=3, height=23, width=29)  # 667 pixels: padded
+    xy = torch.stack(torch.meshgrid(torch.arange(23.0), torch.arange(29.0), indexing="ij")[::-1], -1).reshape(-1, 2)
     features = torch.cat([xy / 121.0, torch.from_numpy(image).reshape(-1, 3).float() / 5.0], dim=1)
-    segments = torch.arange(2).repeat_interleave(features.shape[0] // 2)
+    features = torch.cat([features, features[:-3] * 0.5])  # a second image of 664 pixels: not padded
+    segments = torch.arange(2).repeat_interleave(torch.tensor([667, 664]))
 
-    def steps(f: torch.Tensor, seg: torch.Tensor):
-        elevated = lattice._elevate(f)
-        rem0, rank = lattice._enclosing_simplex(elevated)
-        weights = lattice._barycentric(elevated, rem0, rank)
-        keys = torch.cat([seg[:, None], rem0[:, :5] + rank[:, :5]], dim=1)  # lattice-like keys, one per point
-        order, vertex, neighbours, m = lattice._index_keys(keys, 5, offset=1)
-        return [weights, rem0, rank, order, vertex, *[n for pair in neighbours for n in pair]], m
+    def parts(built: lattice.Lattice) -> list:
+        return [x for m in (built.splat, built.slice, *built.blur) for x in m] + [built.points]
 
-    want, m = steps(features, segments)
+    want = parts(lattice.build_lattice(features, segments, reference_padding=True))
     with fake_cuda():
-        got, m_cuda = steps(features.to("cuda"), segments.to("cuda"))
-        assert all(t.device.type == "cuda" for t in got)
-        got = [t.cpu() for t in got]
-    assert m_cuda == m
+        built = lattice.build_lattice(features.to("cuda"), segments.to("cuda"), reference_padding=True)
+        got = parts(built)
+        assert all(x.device.type == "cuda" for x in got if isinstance(x, torch.Tensor))
+        got = [x.cpu() if isinstance(x, torch.Tensor) else x for x in got]
+    assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        if isinstance(b, torch.Tensor):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        else:
+            assert a == b
 
 
 def test_an_autocast_region_around_the_call_changes_nothing():
@@ -252,3 +274,169 @@ def test_an_autocast_region_around_the_call_changes_nothing():
         got = dense_crf(image, torch.from_numpy(probs))
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
+@pytest.mark.parametrize("fn", [dense_crf, crf_labels])
+def test_hostile_inputs_are_refused_in_one_line(fn, as_tensor):
+    """Issue 38, section 3: one NaN probability once turned every pixel of the image NaN and its labels all class
+    0, silently; 0 classes raised a RuntimeError, a 0 x 0 image an IndexError; a uint16 image was wrapped modulo
+    256. Each is refused in one line naming what is wrong."""
+    image, probs = colour_noise_case(seed=6)
+    nan = probs.copy()
+    nan[1, 3, 4] = np.nan
+    cases = {
+        "NaN": (image, nan, "finite probabilities: 1 of 768 pixels hold NaN"),
+        "infinity": (image, np.where(probs > 0.9, np.inf, probs), "hold NaN or an infinity"),
+        "0 classes": (image, probs[:0], "at least 1 class, got shape (0, 24, 32)"),
+        "0 x 0": (image[:0, :0], probs[:, :0, :0], "at least 1 x 1 pixels, got 0 x 0"),
+        "uint16": (image.astype(np.uint16) * 257, probs, "a uint8 RGB image (0-255), got uint16"),
+        "float": (image.astype(np.float32), probs, "got float32"),
+    }
+    for name, (bad_image, bad_probs, message) in cases.items():
+        if as_tensor:
+            bad_probs = torch.from_numpy(np.ascontiguousarray(bad_probs))
+        with pytest.raises(ValueError) as info:
+            fn(bad_image, bad_probs)
+        assert message in str(info.value) and "\n" not in str(info.value), name
+
+
+def test_a_bad_image_fails_alone_in_a_batch():
+    """The pool's batch (the torch backend's one call): an image with a NaN probability gets its error, the others
+    their labels."""
+    image, probs, _ = two_region_case()
+    nan = probs.copy()
+    nan[0, 0, 0] = np.nan
+    with CrfPool(CrfConfig()) as pool:
+        good, bad, also_good = pool.submit_batch([image] * 3, [probs, nan, probs])
+        with pytest.raises(ValueError, match="finite probabilities"):
+            bad.result()
+        np.testing.assert_array_equal(good.result(), crf_labels(image, probs))
+        np.testing.assert_array_equal(also_good.result(), good.result())
+
+
+def test_working_size_fits_the_budget():
+    """The CRF's resolution: the image's own when pixels x (BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS x classes)
+    fits ``memory_mib``, else the largest of about its aspect that does, a thin image included."""
+    cfg = CrfConfig(memory_mib=64)
+    limit = 64 * 2**20 // (BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * 3)
+    assert limit == 15_650
+    assert working_size(125, 125, 3, cfg) == (125, 125)  # 15,625 pixels fit
+    assert working_size(2000, 3000, 3, cfg) == (102, 153)
+    assert working_size(3000, 2000, 3, cfg) == (102, 153)[::-1]
+    assert working_size(1, 100_000, 3, cfg) == (1, limit)
+    assert working_size(100_000, 1, 3, cfg) == (limit, 1)
+    for size in ((2000, 3000), (7, 90_000), (480, 640)):
+        h, w = working_size(*size, 81, cfg)
+        assert h * w <= 64 * 2**20 // (BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * 81) and h <= size[0]
+    assert working_size(480, 640, 81, CrfConfig()) == (480, 640)  # the default budget keeps COCO's largest
+    with pytest.raises(ConfigError, match=r"infer.crf.memory_mib.*\[64, 1048576\]"):
+        CrfConfig(memory_mib=32)
+
+
+def test_an_image_over_the_budget_runs_at_a_reduced_resolution():
+    """An image over ``memory_mib`` is shrunk (antialiased bilinear; the image rounded to uint8), its CRF runs with the
+    kernel widths in pixels scaled alike, and the marginals come back bilinearly: what those steps give by hand, on
+    the whole arrays. It still cleans the unary; its labels (resized a band at a time) are the marginals' argmax."""
+    image, probs, truth = two_region_case(seed=2, height=200, width=300)
+    cfg = CrfConfig(memory_mib=64)
+    h, w = working_size(200, 300, 2, cfg)
+    assert (h, w) == (102, 155)
+    factor = math.sqrt(h * w / (200 * 300))
+
+    def shrink(x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x[None].float(), (h, w), mode="bilinear", align_corners=False, antialias=True)[0]
+
+    small_image = shrink(torch.from_numpy(image).permute(2, 0, 1)).round().clamp(0, 255).to(torch.uint8)
+    small = dense_crf(small_image.permute(1, 2, 0).numpy(), shrink(torch.from_numpy(probs)).numpy(),
+                      CrfConfig(gaussian_sxy=factor, bilateral_sxy=121 * factor))  # fmt: skip
+    want = F.interpolate(torch.from_numpy(small)[None], (200, 300), mode="bilinear", align_corners=False)[0]
+    got = dense_crf(image, probs, cfg)
+    assert got.shape == probs.shape
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-5)
+    unscaled = dense_crf(small_image.permute(1, 2, 0).numpy(), shrink(torch.from_numpy(probs)).numpy())
+    assert np.abs(unscaled - small).max() > 0.01  # the scaled widths matter
+    labels = crf_labels(image, probs, cfg)
+    np.testing.assert_array_equal(labels, got.argmax(0))
+    assert (labels == truth).mean() > 0.98 and (probs.argmax(0) == truth).mean() < 0.75
+
+
+def test_a_batch_runs_in_calls_that_fit_the_budget(monkeypatch):
+    """dense_crf_batch (the pool's torch batch, the pseudo-label export's three stacks) runs consecutive images
+    together while their estimate (pixels x the largest class count) fits ``memory_mib``; an image over it alone and
+    reduced. Every image comes back at its own size."""
+    runs = []
+    real = crf_module._mean_field
+
+    def spy(images, probs, cfg, dtype):
+        runs.append([tuple(p.shape) for p in probs])
+        return real(images, probs, cfg, dtype)
+
+    monkeypatch.setattr(crf_module, "_mean_field", spy)
+    sizes = [(80, 100, 2), (70, 90, 5), (40, 50, 2), (200, 300, 2), (30, 40, 3)]
+    cases = [colour_noise_case(seed=k, height=h, width=w, classes=c) for k, (h, w, c) in enumerate(sizes)]
+    cfg = CrfConfig(memory_mib=64)
+    out = dense_crf_batch([i for i, _ in cases], [torch.from_numpy(p) for _, p in cases], cfg)
+    assert [tuple(q.shape) for q in out] == [(c, h, w) for h, w, c in sizes]
+    assert runs == [[(2, 80, 100), (5, 70, 90)], [(2, 40, 50)], [(2, 102, 155)], [(3, 30, 40)]]
+    for run in runs:
+        pixels, classes = sum(h * w for _, h, w in run), max(c for c, _, _ in run)
+        assert pixels * (BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * classes) <= 64 * 2**20
+
+
+PEAK_CHILD = """
+import json, sys
+import numpy as np, torch
+from wsss.config import CrfConfig
+from wsss.inference.crf import crf_labels
+
+def status(key):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
+
+torch.set_num_threads(1)
+side, budget = int(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng(0)
+image = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)  # colour noise: the most lattice points
+probs = rng.random((2, side, side), dtype=np.float32) + 0.1
+probs /= probs.sum(0)
+crf_labels(image[:8, :8], probs[:, :8, :8])  # the first call's one-time allocations (torch's kernels), 16 MiB
+before = status("VmRSS")
+labels = crf_labels(image, probs, CrfConfig(memory_mib=budget, iterations=3))
+print(json.dumps({"peak": status("VmHWM") - before, "labels": list(labels.shape)}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak RSS read from /proc (Linux)")
+@pytest.mark.parametrize(("side", "budget"), [(1000, 256), (250, 256)], ids=["reduced", "at-its-own-size"])
+def test_peak_memory_stays_within_the_budget(side, budget):
+    """Issue 38, 1.1: the CRF's memory grew with the image, about 3.5 KB per pixel on colour noise (1000 x 1000:
+    3.4 GiB), unbounded. Peak RSS above the process's before the call, in a fresh process: within ``memory_mib``
+    for an image 17x over the budget (run at 268 x 269) and for one just inside it at its own size (250 x 250:
+    62,500 pixels of the 63,550 that fit), where the per-pixel constant is what holds the bound."""
+    proc = subprocess.run([sys.executable, "-c", PEAK_CHILD, str(side), str(budget)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["labels"] == [side, side]
+    assert 0 < result["peak"] <= budget * 2**20, result["peak"] / 2**20
+
+
+@needs_fake_cuda
+def test_the_reduction_runs_on_the_device_of_the_probabilities():
+    """On the emulated CUDA device the shrunk image and probabilities, and the labels brought back to full size a
+    band at a time, stay on ``cuda`` and equal the CPU's (the mean-field between them needs sparse products, which
+    only a real GPU runs: `make gpu-check`)."""
+    image, probs, _ = two_region_case(seed=3, height=200, width=300)
+    cfg = CrfConfig(memory_mib=64)
+    small_image, small, run = crf_module._reduced(image, torch.from_numpy(probs), cfg)
+    q = torch.softmax(torch.randn(2, *small.shape[1:], generator=torch.Generator().manual_seed(0)), dim=0)
+    want = crf_module._labels(q, (200, 300))
+    with fake_cuda():
+        got_image, got, got_run = crf_module._reduced(image, torch.from_numpy(probs).to("cuda"), cfg)
+        labels = crf_module._labels(q.to("cuda"), (200, 300))
+        assert {t.device.type for t in (got_image, got, labels)} == {"cuda"}
+        got_image, got, labels = got_image.cpu(), got.cpu(), labels.cpu()
+    assert got_run == run and run.bilateral_sxy < cfg.bilateral_sxy
+    torch.testing.assert_close(got_image, small_image, rtol=0, atol=0)
+    torch.testing.assert_close(got, small, rtol=0, atol=0)
+    torch.testing.assert_close(labels, want, rtol=0, atol=0)

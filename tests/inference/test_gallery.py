@@ -177,37 +177,43 @@ def test_gallery_of_a_voc_split_shows_ground_truth(trained, tmp_path):  # noqa: 
 def test_a_run_writes_every_gallery_file_and_a_rerun_keeps_them(trained, tmp_path):  # noqa: F811
     """--gallery writes one CAM thumbnail per present class (named by class index, the thumbnail's size) and the
     plain mask thumbnail; a re-run that skips the finished images lists them all, touching none of their
-    files; an image whose gallery files were lost is left out with a note, and --overwrite brings it back."""
+    files; an image whose gallery files were lost is left out with a note, and --overwrite brings it back. Every
+    class passes the classifier here: the present classes, their CAMs and captions are those the mask shows."""
     root, ckpt = trained
     out = tmp_path / "out"
-    every_class = ["--cfg-options", "infer.cls_thresh=0.0"]  # every sigmoid passes: every class present
+    every_class = ["--cfg-options", "infer.cls_thresh=0.0"]  # every sigmoid passes: every class may be in the mask
     args = [str(ckpt), str(root / "JPEGImages"), str(out), "--gallery", "--no-progress", "--workers", "0", *every_class]
     assert infer_cli.main(args) == 0
     labels = json.loads((out / "image_labels.json").read_text())["images"]
     palette = {tuple(c) for c in voc_palette()[: len(TOY_CLASSES)]}
     rows = rows_of((out / "index.html").read_text())
     assert set(rows) == set(labels) and len(labels) == 6
+    several = 0
     for rel, entry in labels.items():
         stem = rel.rsplit(".", 1)[0]
-        assert entry["present"] == list(TOY_CLASSES[1:])
+        mask = read_mask(out / "masks" / f"{stem}.png")
+        shown = [k for k in np.unique(mask).tolist() if k]
+        assert entry["present"] == [TOY_CLASSES[k] for k in shown]
         with Image.open(out / "thumbs" / f"{stem}.jpg") as im:
             size = im.size
         files = sorted((out / "class_cams" / stem).iterdir(), key=lambda p: int(p.stem))
-        assert [p.name for p in files] == [f"{k}.jpg" for k in range(1, len(TOY_CLASSES))]
+        assert [p.name for p in files] == [f"{k}.jpg" for k in shown]
         pictures = []
         for path in files:
             with Image.open(path) as im:
                 assert im.size == size
                 pictures.append(np.asarray(im, dtype=np.int16))
-        assert max(np.abs(p - pictures[0]).mean() for p in pictures) > 1  # each class its own CAM
+        if len(pictures) > 1:
+            several += 1
+            assert max(np.abs(p - pictures[0]).mean() for p in pictures) > 1  # each class its own CAM
         captions = [re.sub("<[^>]*>", "", c).strip() for c in re.findall(r"<figcaption>(.*?)</figcaption>", rows[rel])]
-        assert captions == [f"{n} {entry['scores'][n]:.2f}" for n in TOY_CLASSES[1:]]
+        assert captions == [f"{n} {entry['scores'][n]:.2f}" for n in entry["present"]]
         with Image.open(out / "mask_thumbs" / f"{stem}.png") as im:
             assert im.size == size
-            shown = np.asarray(im.convert("RGB"))
-        assert {tuple(c) for c in shown.reshape(-1, 3)} <= palette
-        mask = read_mask(out / "masks" / f"{stem}.png")
+            thumb = np.asarray(im.convert("RGB"))
+        assert {tuple(c) for c in thumb.reshape(-1, 3)} <= palette
         assert set(np.unique(read_mask(out / "mask_thumbs" / f"{stem}.png"))) <= set(np.unique(mask))
+    assert several  # an image with CAMs of several classes, told apart
 
     stats = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.parent != out}
     assert infer_cli.main(args) == 0
@@ -216,8 +222,8 @@ def test_a_run_writes_every_gallery_file_and_a_rerun_keeps_them(trained, tmp_pat
     assert rows_of((out / "index.html").read_text()).keys() == rows.keys()
     assert {p: p.stat().st_mtime_ns for p in stats} == stats
 
-    lost = sorted(labels)[0]
-    (out / "class_cams" / lost.rsplit(".", 1)[0] / "2.jpg").unlink()
+    lost = next(rel for rel in sorted(labels) if labels[rel]["present"])
+    next((out / "class_cams" / lost.rsplit(".", 1)[0]).iterdir()).unlink()
     assert infer_cli.main(args) == 0
     assert lost not in rows_of((out / "index.html").read_text())
     (note,) = json.loads((out / "summary.json").read_text())["notes"]
@@ -303,3 +309,28 @@ def test_a_mask_thumbnail_follows_its_mask_whatever_the_file_times(tmp_path):
         write_gallery(tmp_path, ["a.jpg"], {}, classes=CLASSES)
         shown = read_mask(thumb)
         assert (shown[:, 0].tolist(), shown[:, -1].tolist()) == ([classes[0]] * 10, [classes[1]] * 10)
+
+
+@pytest.mark.parametrize("crf", [[], ["--crf"]], ids=["argmax", "crf"])
+def test_no_caption_or_cam_for_a_class_the_mask_does_not_show(trained, tmp_path, monkeypatch, capsys, crf):  # noqa: F811
+    """Issue 38, 5.7: a grayscale photo's top-1 class (score 0.27) was captioned in the gallery, with its CAM, while
+    its mask was all background. Its labels entry now names no class present (the rule still recorded), the gallery
+    row has no CAM cell, and the one-image summary says the mask does not show the class."""
+    from tests.inference.test_predictor import class_two_as_top1
+    from wsss.inference import predictor
+
+    _, ckpt = trained
+    monkeypatch.setattr(predictor, "tta_forward", class_two_as_top1(len(TOY_CLASSES), shown=False))
+    image, out = tmp_path / "gray.png", tmp_path / "out"
+    save_image(image, np.full((40, 60, 3), 128, np.uint8))
+    args = [str(ckpt), str(image), str(out), "--gallery", "--max-size", "32", "--workers", "0", "--no-progress"]
+    assert infer_cli.main([*args, *crf]) == 0  # the CAMs (of no class) resized from the model's 32 px to 60 px
+    assert not read_mask(out / "masks" / "gray.png").any()
+    entry = json.loads((out / "labels" / "gray.json").read_text())
+    assert entry["present"] == [] and entry["top1_fallback"] is True and entry["scores"][TOY_CLASSES[2]] == 0.2689
+    assert not list((out / "class_cams").rglob("*.jpg"))
+    (row,) = [line for line in (out / "index.html").read_text().splitlines() if 'class="name">gray.png<' in line]
+    assert not [n for n in TOY_CLASSES if f"</span> {n} " in row]
+    printed = capsys.readouterr().out
+    rule = "the most probable: no class scores above 0.5; the mask does not show it"
+    assert f"gray.png: present no class ({rule}); next most probable: {TOY_CLASSES[2]} 0.27" in printed

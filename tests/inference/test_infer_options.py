@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,10 @@ from PIL import Image
 from tests.inference.test_runner import trained  # noqa: F401  (the module-scoped fixture)
 from tools import infer as infer_cli
 from wsss.config import ConfigError, InferConfig, from_dict
+from wsss.config.validation import MAX_SIDE
 from wsss.inference import predictor
+from wsss.inference.predictor import Segmenter, longest_side
+from wsss.model_file import read_model_file
 from wsss.utils.fileio import read_mask
 
 
@@ -122,9 +126,54 @@ def test_max_size_has_a_default_cap_and_zero_means_none(trained, tmp_path, monke
     assert infer_cli.main([str(ckpt), str(inp), str(tmp_path / "capped"), *options]) == 0
     assert sizes[-1][1] == cap and json.loads((tmp_path / "capped" / "run.json").read_text())["max_size"] == cap
     assert infer_cli.main([str(ckpt), str(inp), str(tmp_path / "full"), *options, "--max-size", "0"]) == 0
-    assert sizes[-1] == (40, cap + 200) and json.loads((tmp_path / "full" / "run.json").read_text())["max_size"] == 0
+    assert sizes[-1] == (40, cap + 200)  # no cap of its own: the ceiling, 2048 px at scale 1, is what run.json records
+    assert json.loads((tmp_path / "full" / "run.json").read_text())["max_size"] == MAX_SIDE
     assert read_mask(tmp_path / "full" / "masks" / "wide.png").shape == (40, cap + 200)
     assert len(sizes) == 2
+    capsys.readouterr()
+
+
+def test_no_source_lets_the_model_see_more_than_the_ceiling(trained, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Issue 38, 1.2: a checkpoint whose config sets infer.max_size=0 and infer.scales=[4.0] made the model see a
+    photo at 4x its size (a 1000 x 1000 photo ran past 5 minutes). Whatever the source of the two settings (the
+    checkpoint, --cfg-options, the predictor's arguments), an image is brought to at most MAX_SIDE / the largest
+    scale before the scales, so the model never sees a side over MAX_SIDE (2048 px; run here with a ceiling of 64
+    px, so that the tiny model runs at it in milliseconds)."""
+    root, ckpt = trained
+    assert (longest_side(0, [4.0]), longest_side(None, [1.0, 1.5]), longest_side(0, [1.0])) == (512, 1365, MAX_SIDE)
+    assert (longest_side(1024, [1.0, 1.5]), longest_side(2048, [4.0]), longest_side(1, [4.0])) == (1024, 512, 1)
+    crafted = read_model_file(ckpt)
+    crafted["config"]["infer"].update(max_size=0, scales=[4.0])
+    torch.save(crafted, tmp_path / "crafted.pth")
+    inp = tmp_path / "in"
+    inp.mkdir()
+    Image.open(root / "JPEGImages" / "val_00000.jpg").resize((300, 200)).save(inp / "photo.png")
+    monkeypatch.setattr(predictor, "MAX_SIDE", 64)
+    seen = []
+    real = predictor.tta_forward
+
+    def recording(model, x, scales, *args, **kwargs):
+        seen.append(max(x.shape[-2:]) * max(scales))
+        return real(model, x, scales, *args, **kwargs)
+
+    monkeypatch.setattr(predictor, "tta_forward", recording)
+    options = ["--no-flip", "--workers", "0", "--no-progress"]
+    uncapped = ["--cfg-options", "infer.max_size=0", "infer.scales=[4.0]"]
+    runs = {
+        "checkpoint": [str(tmp_path / "crafted.pth"), str(inp), str(tmp_path / "a"), *options],
+        "--cfg-options": [str(ckpt), str(inp), str(tmp_path / "b"), *options, *uncapped],
+        "--max-size 0": [str(ckpt), str(inp), str(tmp_path / "c"), *options, "--max-size", "0", "--scales", "4"],
+    }
+    for name, argv in runs.items():
+        assert infer_cli.main(argv) == 0, name
+        out = Path(argv[2])
+        assert seen[-1] == 64 and json.loads((out / "run.json").read_text())["max_size"] == 16, name
+        assert read_mask(out / "masks" / "photo.png").shape == (200, 300), name
+    segmenter = Segmenter.from_checkpoint(ckpt, "cpu")
+    result = segmenter.predict(inp / "photo.png", scales=[4.0], flip=False, max_size=0)
+    assert seen[-1] == 64 and result.mask.shape == (200, 300)
+    segmenter.predict(inp / "photo.png", scales=[4.0], flip=False, max_size=1000)  # an argument past the ceiling
+    assert seen[-1] == 64
     capsys.readouterr()
 
 

@@ -150,3 +150,81 @@ def test_the_merge_names_every_listed_image_no_rank_finished(tmp_path):
     assert (summary.done, summary.existing) == (1, 1)
     assert [s.path for s in summary.skipped] == ["c.jpg", "d.jpg", "e.jpg", "x.txt"]
     assert "vanished" in summary.skipped[0].reason and "no rank finished it" in summary.skipped[2].reason
+
+
+def test_the_merge_after_a_stop_names_no_unreached_image(tmp_path):
+    """A run stopped by an output it could not write (a full disk) leaves its unreached images for the next run and
+    says how many in its error: they are not named as skipped ("no rank finished it"), which would send the user
+    looking for inputs that changed."""
+    import errno
+
+    from wsss.inference.layout import OutputLayout
+    from wsss.inference.merge import RankPart, merge_parts
+    from wsss.inference.sources import OutputError
+
+    layout = OutputLayout(tmp_path, ["masks", "labels"])
+    path = layout.paths("a.jpg")["masks"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"png")
+    full = OutputError(layout.paths("b.jpg")["masks"], OSError(errno.ENOSPC, "No space left on device"))
+    parts = [RankPart(finished=["a.jpg"], failure=full, left=2)]
+    summary = merge_parts(parts, ["a.jpg", "b.jpg", "c.jpg"], [], layout)
+    assert (summary.done, summary.skipped) == (1, [])
+
+
+def test_image_labels_hold_only_entries_of_the_runs_classes(tmp_path):
+    """A labels/ entry left by an earlier run with another checkpoint (other classes) is not merged into
+    image_labels.json, whose class list is this run's: its names would index other classes."""
+    from wsss.inference.layout import OutputLayout
+    from wsss.inference.merge import InferenceSummary, write_run_files
+
+    layout = OutputLayout(tmp_path, ["masks", "labels"])
+    classes = ["background", "cat", "dog"]
+    entries = {
+        "a.jpg": {"classes": classes, "present": ["cat"], "top1_fallback": False, "scores": {"cat": 0.9, "dog": 0.1}},
+        "b.jpg": {"classes": ["background", "car"], "present": ["car"], "top1_fallback": False, "scores": {"car": 0.8}},
+    }
+    for rel, entry in entries.items():
+        path = layout.paths(rel)["labels"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(entry))
+    assert write_run_files(layout, ["a.jpg", "b.jpg"], classes, 0.5, None, InferenceSummary(tmp_path), [], 0) == []
+    labels = json.loads(layout.labels_file.read_text())
+    assert labels["classes"] == classes and list(labels["images"]) == ["a.jpg"]
+    assert labels["images"]["a.jpg"] == {"present": ["cat"], "top1_fallback": False, "scores": {"cat": 0.9, "dog": 0.1}}
+
+
+def test_two_inputs_with_one_output_name_keep_the_first(tmp_path):
+    """a.jpg and a.png both name masks/a.png: the first (sorted) is kept, the other skipped naming it, so no two
+    images write one file (the listing is decided once, before it is shared out among ranks)."""
+    import numpy as np
+
+    from wsss.inference.layout import OutputLayout
+    from wsss.inference.plan import list_inputs
+    from wsss.utils.fileio import save_image
+
+    inp = tmp_path / "in"
+    for name in ("a.jpg", "a.png", "sub/a.png", "b.png"):
+        (inp / name).parent.mkdir(parents=True, exist_ok=True)
+        save_image(inp / name, np.full((4, 5, 3), 90, np.uint8))
+    listing = list_inputs(inp, OutputLayout(tmp_path / "out"), None, None, ("SegmentationClass",), False)
+    assert [s.rel for s in listing.sources] == ["a.jpg", "b.png", "sub/a.png"]
+    assert [(s.path, s.reason) for s in listing.skipped] == [("a.png", "its outputs would overwrite those of a.jpg")]
+
+
+def test_a_symlinked_kind_folder_is_not_cleaned(tmp_path):
+    """The start-of-run clean-up never enters a kind folder that is a symlink: the temporaries in its target (another
+    run's folder, anything the link points to) are not OUTPUT's. A real kind folder's are removed."""
+    from wsss.inference.layout import OutputLayout
+    from wsss.utils.fileio import temporary_prefix
+
+    dead = dead_pid()
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    theirs = elsewhere / f"{temporary_prefix('x.png', dead)}q1w2e3r4.tmp"
+    ours = out / "labels" / f"{temporary_prefix('x.json', dead)}q1w2e3r4.tmp"
+    for path in (theirs, ours):
+        path.parent.mkdir(parents=True)
+        path.write_text("partial\n")
+    (out / "masks").symlink_to(elsewhere, target_is_directory=True)
+    assert OutputLayout(out, ["masks", "labels"]).remove_stale_temporaries() == [ours]
+    assert theirs.read_text() == "partial\n" and not ours.exists()

@@ -17,7 +17,7 @@ from wsss.data.transforms import normalize
 from wsss.inference.crf import crf_labels
 from wsss.inference.predictor import Segmenter
 from wsss.model_file import config_from_checkpoint, load_checkpoint, model_from_checkpoint
-from wsss.models.tta import tta_forward
+from wsss.models.tta import TTAOutput, tta_forward
 from wsss.utils.fileio import read_image, read_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -324,3 +324,40 @@ def test_cli_on_one_image_prints_its_classes_and_scores(toy_checkpoint, tmp_path
     shutil.copy(image, folder / "photo.jpg")
     assert infer_cli.main([str(ckpt_path), str(folder), *base[3:]]) == 0
     assert "present" not in capsys.readouterr().out
+
+
+def class_two_as_top1(classes: int, shown: bool):
+    """A stand-in for ``tta_forward``: no class passes 0.5 (class 2 is the most probable, sigmoid 0.27: the top-1
+    rule names it), and the background's logit wins every pixel unless ``shown``, where class 2 wins the top half
+    (the issue's grayscale photo, whose top-1 class was 0.27 and whose mask was all background)."""
+
+    def forward(model, x, scales, flip, cams=False):
+        b, _, h, w = x.shape
+        seg = torch.zeros(b, classes, h, w)
+        seg[:, 0] = 1.0
+        if shown:
+            seg[:, 2, : max(1, h // 2)] = 5.0
+        cls_logits = torch.full((b, classes - 1), -3.0)
+        cls_logits[:, 1] = -1.0
+        cam = torch.rand(b, classes - 1, h, w, generator=torch.Generator().manual_seed(0)) if cams else None
+        return TTAOutput(seg=seg, cls_logits=cls_logits, cam=cam)
+
+    return forward
+
+
+@pytest.mark.parametrize("crf", [False, True], ids=["argmax", "crf"])
+def test_present_names_only_classes_the_mask_shows(segmenter, monkeypatch, crf):
+    """Issue 38, 5.7: a class chosen by the top-1 rule whose logits lose to the background's everywhere was still
+    ``present``, had a CAM and was captioned in the gallery, while its mask was empty. ``present`` is the
+    classifier's classes that the mask shows, with or without the CRF: the mask, ``present`` and the CAMs agree."""
+    from wsss.inference import predictor
+
+    gray = np.full((40, 60, 3), 128, np.uint8)
+    monkeypatch.setattr(predictor, "tta_forward", class_two_as_top1(len(segmenter.classes), shown=False))
+    result = segmenter.predict(gray, crf=crf, cams=True)
+    assert result.top1_fallback and not result.mask.any()
+    assert (result.present, result.present_ids.tolist(), result.cams) == ([], [], {})
+    monkeypatch.setattr(predictor, "tta_forward", class_two_as_top1(len(segmenter.classes), shown=True))
+    result = segmenter.predict(gray, crf=crf, cams=True)
+    assert result.top1_fallback and 2 in result.mask and set(np.unique(result.mask).tolist()) <= {0, 2}
+    assert result.present == [segmenter.classes[2]] and list(result.cams) == result.present

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -330,3 +331,122 @@ def test_image_labels_name_the_classes_present_in_each_image(exported):
         assert labels["images"][image_id] == {"present": want}, image_id
         kinds.add(tuple(want))
     assert len(kinds) > 1 and all(kinds)  # images differ in their classes, each has one: a shift of names shows
+
+
+def test_the_checkpoint_is_known_by_its_content(exported, tmp_path, capsys):
+    """Issue 38, section 2: the export knew its checkpoint by path; a checkpoint copied over the one of a killed
+    export resumed it, and OUT held masks of two models. run.json now holds its SHA-256: the same bytes under
+    another path resume, other bytes under the same path are refused."""
+    root, ckpt, done = exported
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    run = json.loads((out / "run.json").read_text())
+    assert run["checkpoint"].startswith("sha256:") and run["checkpoint_path"] == os.path.realpath(ckpt)
+    for name in ("train_00000", "val_00001"):  # killed after 4 of 6 images
+        (out / PSEUDO_DIR / f"{name}.png").unlink()
+    model = tmp_path / "model.pth"
+    shutil.copy(ckpt, model)  # the same checkpoint moved elsewhere
+    assert export_cli.main([str(model), str(out), *ARGS]) == 0
+    assert "6 of 6 images exported (2 now" in capsys.readouterr().out
+    (out / PSEUDO_DIR / "train_00001.png").unlink()
+    other = torch.load(ckpt, weights_only=True)
+    name = next(k for k, v in other["model"].items() if v.is_floating_point())
+    other["model"][name] = other["model"][name] + 0.5
+    torch.save(other, model)  # another checkpoint copied over the path the export was made with
+    assert export_cli.main([str(model), str(out), *ARGS]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "other settings (checkpoint differ" in err
+    assert not (out / PSEUDO_DIR / "train_00001.png").exists()
+
+
+def test_masks_without_a_readable_run_json_are_refused(exported, tmp_path, capsys):
+    """Issue 38, section 2: with run.json truncated or deleted after a kill, a resume with other settings was accepted
+    and run.json then claimed them for every mask. Masks without a readable record are of unknown settings: any
+    resume is refused in one line naming --overwrite, which redoes every image and records its settings."""
+    root, ckpt, done = exported
+    other = ["--cfg-options", "cam.fg_thresh=0.6"]
+    damages = {"truncated": '{"cam": ', "not a record": "[]\n", "deleted": None}
+    for damage, text in damages.items():
+        out = tmp_path / damage
+        shutil.copytree(done, out)
+        (out / PSEUDO_DIR / "train_00002.png").unlink()
+        if text is None:
+            (out / "run.json").unlink()
+        else:
+            (out / "run.json").write_text(text)
+        for settings in (other, []):  # neither other settings nor the same ones: the masks' are unknown
+            assert export_cli.main([str(ckpt), str(out), *ARGS, *settings]) == 2, damage
+            err = capsys.readouterr().err
+            assert err.startswith("error: ") and err.count("\n") == 1, err
+            assert "holds the pseudo labels of 6 images without a readable" in err, err
+            assert "--overwrite redoes every image" in err
+        assert not (out / PSEUDO_DIR / "train_00002.png").exists()
+    assert export_cli.main([str(ckpt), str(out), *ARGS, *other, "--overwrite"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["cam"]["fg_thresh"] == 0.6 and "mixed_with" not in run  # every mask in OUT redone now
+    assert "6 of 6 images exported (6 now" in capsys.readouterr().out
+
+
+def test_two_exports_cannot_share_an_out(toy_checkpoint, tmp_path, capsys):
+    """Issue 38, section 2: two exports started together into one OUT (one with other settings) both finished, and
+    OUT held masks of both under one run.json. OUT is locked for the run: while another process holds
+    OUT/export.lock (held here through another open file, as another process would), an export stops at once,
+    naming the holder, and writes nothing; the lock file goes when a run ends."""
+    _, ckpt = toy_checkpoint
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / "export.lock"
+    with lock.open("w") as holder:
+        holder.write("pid 4242 host node-b\n")
+        holder.flush()
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert export_cli.main([str(ckpt), str(out), *ARGS, "--cfg-options", "cam.fg_thresh=0.6"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert f"{out} is in use by another pseudo-label export (pid 4242 host node-b, see {lock})" in err
+    assert sorted(out.iterdir()) == [lock]  # no run.json, no mask
+    assert export_cli.main([str(ckpt), str(out), *ARGS]) == 0  # a lock file left unlocked (a killed run) is taken
+    assert not lock.exists() and (out / "run.json").is_file()
+
+
+def test_another_splits_masks_keep_mixed_with(exported, tmp_path, capsys):
+    """An --overwrite export of split val with other settings redoes val's images, but OUT still holds split
+    train's masks of the earlier settings: run.json keeps naming the difference (mixed_with), so a resume without
+    --overwrite is refused, until a run has redone every mask in OUT."""
+    root, ckpt, done = exported
+    out = tmp_path / "out"
+    common = [str(ckpt), str(out), "--device", "cpu", "--no-progress"]
+    assert export_cli.main([*common, "--split", "train"]) == 0
+    other = ["--cfg-options", "cam.fg_thresh=0.6"]
+    assert export_cli.main([*common, "--split", "val", *other, "--overwrite"]) == 0
+    assert json.loads((out / "run.json").read_text())["mixed_with"] == ["cam"]
+    capsys.readouterr()
+    assert export_cli.main([*common, "--split", "val", *other]) == 2
+    assert "two kinds" in capsys.readouterr().err
+    assert export_cli.main([*common, "--split", "trainval", *other, "--overwrite"]) == 0  # every mask in OUT redone
+    assert "mixed_with" not in json.loads((out / "run.json").read_text())
+
+
+def test_the_clean_up_stays_in_outs_own_folders(exported, tmp_path):
+    """A killed run's temporaries (this host, a dead process) go from OUT's top, its split folder and anywhere in its
+    mask folders; a folder of the user's under OUT is never entered, whatever its files are named."""
+    from tests.inference.test_layout import dead_pid
+    from wsss.utils.fileio import temporary_prefix
+
+    root, ckpt, done = exported
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    dead = dead_pid()
+
+    def temporary(folder: Path, name: str) -> Path:
+        path = folder / f"{temporary_prefix(name, dead)}q1w2e3r4.tmp"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("partial\n")
+        return path
+
+    stale = [temporary(out, "run.json"), temporary(out / "ImageSets" / "Segmentation", "trainval.txt"),
+             temporary(out / PSEUDO_DIR / "sub", "a.png"), temporary(out / DENSE_DIR, "b.png")]  # fmt: skip
+    users = [temporary(out / "notes", "draft.md"), temporary(out / "JPEGImages" / "x", "y.png")]
+    assert export_cli.main([str(ckpt), str(out), *ARGS]) == 0
+    assert [p.exists() for p in stale] == [False] * len(stale)
+    assert [p.read_text() for p in users] == ["partial\n"] * len(users)

@@ -331,6 +331,13 @@ class CrfConfig(Section):
     workers: int = bounded(2, WORKERS)
     """Processes of the ``pydensecrf`` backend (0: serial in the calling process); the ``torch`` backend runs in the
     calling process on the probabilities' device and ignores it."""
+    memory_mib: int = bounded(3072, Range(64, 2**20, why="64 MiB to 1 TiB"))
+    """Budget of one CRF call's working memory, in MiB, on the CPU or the GPU. A call's estimate is its pixels x
+    (:data:`~wsss.inference.crf.BYTES_PER_PIXEL` + :data:`~wsss.inference.crf.BYTES_PER_PIXEL_AND_CLASS` x classes),
+    the measured worst case; an image whose estimate exceeds the budget runs at the largest reduced resolution that
+    fits (the kernel widths in pixels scaled with it, the marginals brought back to full size bilinearly), and a
+    batch is split into calls that fit. 3072 keeps every VOC and COCO image (at most 640 x 480, 81 classes: 2.7 GiB)
+    at its own size."""
 
 
 @dataclass
@@ -354,15 +361,17 @@ class InferConfig(Section):
     logits_stride: int = bounded(4, Range(0, 64, low_open=True))
     """Saved logits (``--logits``) are downscaled by this factor (> 0)."""
     max_size: int | None = bounded(1024, NON_NEGATIVE)
-    """Longest image side the model sees; larger images are downscaled for the model and their masks brought back
-    to the original size. 0: no cap, every image at its own size. None, as checkpoints written before this default
-    hold it: 1024. The default bounds the model's work and memory per image, which grow with the square of its
-    tokens: a 12000 x 12000 PNG (140 KB, under PIL's bomb limit) at its own size ran over 10 minutes at 6.3 GB and
-    SIGTERM could not stop the op that ran; capped, it took 19 s on 2 CPU cores and SIGTERM ended it in 2 s. At
-    1024 the largest default TTA scale 1.5 gives a DeiT-S/16 at most 96 x 96 tokens (an op takes seconds on a CPU),
-    while VOC (500 px), COCO (640 px) and the 448 px training crops keep their own size. The outputs come back to
-    full size in bands of ``max_size**2`` pixels, so no full-size float map is held (docs/benchmarks.md: that PNG
-    peaks at 1.79 GiB RSS, 6.20 GiB before)."""
+    """Longest image side the model sees; larger images are downscaled for the model and their masks brought back to
+    the original size. 0: no cap of its own, every image at its own size up to the ceiling that holds whatever the
+    value: :data:`~wsss.config.validation.MAX_SIDE` / the largest scale (1365 px at the default scales;
+    :func:`wsss.inference.predictor.longest_side`). None, as checkpoints written before this default hold it: 1024.
+    The default bounds the model's work and memory per image, which grow with the square of its tokens: a 12000 x
+    12000 PNG (140 KB, under PIL's bomb limit) at its own size ran over 10 minutes at 6.3 GB and SIGTERM could not
+    stop the op that ran; capped, it took 19 s on 2 CPU cores and SIGTERM ended it in 2 s. At 1024 the largest
+    default TTA scale 1.5 gives a DeiT-S/16 at most 96 x 96 tokens (an op takes seconds on a CPU), while VOC (500
+    px), COCO (640 px) and the 448 px training crops keep their own size. The outputs come back to full size in
+    bands of ``max_size**2`` pixels, so no full-size float map is held (docs/benchmarks.md: that PNG peaks at 1.79
+    GiB RSS, 6.20 GiB before)."""
     crf: CrfConfig = field(default_factory=CrfConfig)
 
     def __post_init__(self) -> None:

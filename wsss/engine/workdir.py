@@ -1,12 +1,9 @@
 """One training run per work dir, and no silent fresh start over an earlier run's checkpoints.
 
 :func:`claim_work_dir` takes an exclusive ``flock`` on ``WORK/train.lock`` (which names the holder's PID and
-host) for the whole run, so a second run in the same work dir stops at once instead of interleaving its
-checkpoints with the first's. The run deletes the file when it ends, finished or failed; the kernel releases the
-lock when the process ends, however it ends (a killed run leaves the file, unlocked, and the next run takes it).
-A run that opened the file just before its holder deleted it sees that the file it locked is no longer the
-work dir's and takes the new one. A run without ``resume`` in a work dir that already holds checkpoints stops too,
-unless ``overwrite`` is given.
+host) for the whole run (:func:`wsss.utils.folder_lock.hold_lock`), so a second run in the same work dir stops at
+once instead of interleaving its checkpoints with the first's; the file is deleted when the run ends. A run without
+``resume`` in a work dir that already holds checkpoints stops too, unless ``overwrite`` is given.
 Temporaries of killed atomic writes are removed at start.
 
 Nothing of the earlier run is touched until the new one has checked everything that can fail before its first
@@ -17,9 +14,6 @@ show one run.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +24,7 @@ from wsss.engine.logger import LOG_FILE, SCALARS_FILE, TB_DIR
 from wsss.engine.retention import BEST_FILE
 from wsss.model_file import checksum_path
 from wsss.utils.fileio import remove_stale_temporaries
+from wsss.utils.folder_lock import hold_lock
 
 LOCK_FILE = "train.lock"
 EARLIER_RUNS = "earlier_runs"
@@ -58,43 +53,18 @@ def claim_work_dir(work: Path, resume: str | Path | bool | None, overwrite: bool
     """
     work.mkdir(parents=True, exist_ok=True)
     lock = work / LOCK_FILE
-    fd = _lock(lock)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode(), 0)
+
+    def in_use(holder: str) -> WorkDirError:
+        return WorkDirError(
+            f"{work} is in use by another training run ({holder}, see {lock}); wait for it to end or pass another "
+            "--work-dir"
+        )
+
+    with hold_lock(lock, in_use):
         remove_stale_temporaries(work)
         if not resume:
             _earlier_checkpoints(work, overwrite)
         yield
-    finally:
-        lock.unlink(missing_ok=True)  # while still locked: a run waiting on this file then sees it gone
-        os.close(fd)  # releases the lock
-
-
-def _lock(lock: Path) -> int:
-    """An open descriptor of ``lock`` holding its exclusive ``flock``, taken without waiting.
-
-    Raises:
-        WorkDirError: Another process holds it.
-    """
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
-            os.close(fd)
-            work = lock.parent
-            raise WorkDirError(
-                f"{work} is in use by another training run ({holder}, see {lock}); wait for it to end "
-                "or pass another --work-dir"
-            ) from None
-        try:
-            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # its holder deleted the file after this open: lock the work dir's file anew
 
 
 def start_afresh(work: Path, overwrite: bool) -> list[str]:

@@ -92,7 +92,8 @@ def evaluate_checkpoint(
         split: Split name or file (default ``cfg.data.val_split``).
         format_only: Score nothing: copy the masks to ``out/results/VOC2012/Segmentation/comp6_test_cls/`` and pack
             them into ``out/results.tar.gz`` (:mod:`wsss.evaluation.voc_submission`); the predictions themselves
-            go to ``show_dir`` or ``run_dir``, and ``run_dir/submission.json`` records the protocol.
+            go to ``show_dir`` or ``out`` (``masks/``, as without ``format_only``), and ``run_dir/submission.json``
+            alone records the protocol.
 
     Under ``torchrun`` every rank joins the process group, predicts and scores its share and returns the scores of
     the whole split; rank 0 alone writes ``metrics.json`` (with ``format_only``: the archive and ``submission.json``,
@@ -127,7 +128,7 @@ def evaluate_checkpoint(
     for folder in (run_dir, out):
         if folder is not None:
             OutputLayout(folder).check_input(root)
-    predicted = Path(show_dir or (None if format_only else out) or run_dir)
+    predicted = Path(show_dir or out or run_dir)  # the run folder holds masks only without --out and --show-dir
     options = InferenceOptions(
         scales=cfg.infer.scales if tta else (1.0,), flip=cfg.infer.flip and tta, crf=crf, gallery=show_dir is not None,
         overwrite=True, progress=progress, cfg_options={f"infer.{k}": v for k, v in to_dict(cfg)["infer"].items()},

@@ -15,18 +15,23 @@ Two backends (``CrfConfig.backend``):
 - ``pydensecrf``: the reference C++ (pydensecrf2, source-only on PyPI: installing it needs a compiler), single
   threaded, so :class:`CrfPool` runs it in ``CrfConfig.workers`` processes while the caller keeps feeding the model.
 
-Memory of the torch backend (peak RSS of one image on the CPU above the process's, ``bench/bench_crf.py``): about
-1.8 KB per pixel for the two lattices and their construction (sort keys, sparse matrices), plus 20-32 bytes per
-pixel and class (marginals, unary, messages, lattice values): 327 MiB for a 500 x 375 image with 3 classes, 393 MiB
-with 21, 1.31 GiB for 640 x 480 with 81 (pydensecrf: 57, 172 and 856 MiB). A batch needs the sum of its images'.
+Memory: bounded by ``CrfConfig.memory_mib`` per call, on the CPU and on CUDA, for both backends. A call's estimate is
+its pixels x (:data:`BYTES_PER_PIXEL` + :data:`BYTES_PER_PIXEL_AND_CLASS` x classes), the torch backend's measured
+worst case (pydensecrf needs less); an image whose estimate exceeds the budget runs at the largest reduced resolution
+that fits (:func:`working_size`: the image and the probabilities shrunk, antialiased, a band of rows at a time; the
+kernel widths in pixels scaled with them), and its marginals come back to full size bilinearly, a band of rows at a
+time for the labels. A batch is split into calls that each fit. Beyond the budget the caller holds its inputs (the
+image, 3 bytes per pixel; the probabilities, 4 per pixel and class) and :func:`dense_crf`'s full-size marginals.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -34,6 +39,7 @@ from torch import Tensor
 
 from wsss.config import CrfConfig
 from wsss.inference.permutohedral import build_lattice
+from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.utils.lifetime import die_with_parent
 
 UNARY_CLIP = 1e-5
@@ -41,7 +47,18 @@ UNARY_CLIP = 1e-5
 NORM_EPS = 1e-20
 """Added to a kernel's sum of weights before its inverse square root (pydensecrf's ``NORMALIZE_SYMMETRIC``)."""
 
-__all__ = ["CrfPool", "NORM_EPS", "UNARY_CLIP", "crf_labels", "dense_crf", "dense_crf_batch"]
+BYTES_PER_PIXEL = 4096
+"""Peak working memory of the torch backend per pixel for its two lattices and their construction (sort keys, sparse
+matrices): 3.2-4.0 KB measured as peak RSS on the CPU on colour noise of 0.02-0.5 Mpx (the most lattice points an
+image can have; photographs need about half), tests/inference/test_crf.py::test_peak_memory_stays_within_the_budget.
+"""
+BYTES_PER_PIXEL_AND_CLASS = 64
+"""And per pixel and class (marginals, unary, messages, the lattice's values): 61 B measured with 2 and 81 classes."""
+
+__all__ = [
+    "BYTES_PER_PIXEL", "BYTES_PER_PIXEL_AND_CLASS", "CrfPool", "NORM_EPS", "UNARY_CLIP", "crf_labels", "dense_crf",
+    "dense_crf_batch", "working_size",
+]  # fmt: skip
 
 
 def _densecrf_module():
@@ -61,58 +78,152 @@ def dense_crf(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: CrfCo
     Args:
         image: (H, W, 3) uint8 RGB, the image the probabilities belong to (bilateral kernel); any memory layout,
             read-only arrays too.
-        probs: (C, H, W) class probabilities (e.g. the softmax of the segmentation logits). A tensor runs on its
-            device (torch backend).
-        cfg: Kernel constants, iterations and backend; default :class:`CrfConfig`'s.
+        probs: (C, H, W) finite class probabilities (e.g. the softmax of the segmentation logits), C >= 1. A tensor
+            runs on its device (torch backend).
+        cfg: Kernel constants, iterations, backend and memory budget; default :class:`CrfConfig`'s.
 
     Returns:
         (C, H, W) float32 mean-field marginals (each pixel sums to 1): a tensor on ``probs``' device when
-        ``probs`` is a tensor, else a numpy array.
+        ``probs`` is a tensor, else a numpy array. An image over the budget ran at :func:`working_size` and its
+        marginals are resized to (H, W).
 
     Raises:
         ImportError: backend ``pydensecrf`` without pydensecrf2 installed.
-        ValueError: The image and the probabilities do not match.
+        ValueError: The inputs are not as above (one line naming what is wrong).
     """
     cfg = cfg or CrfConfig()
     _check_pair(image, probs)
-    if cfg.backend == "pydensecrf":
-        q = _pydensecrf(_numpy(image), _numpy(probs).astype(np.float32, copy=False), cfg)
-        return torch.from_numpy(q).to(probs.device) if isinstance(probs, Tensor) else q
-    q = dense_crf_batch([image], [_tensor(probs, np.float32)], cfg)[0]
+    q = _full_size(*_refine_one(image, probs, cfg))
     return q if isinstance(probs, Tensor) else q.numpy()
 
 
 def crf_labels(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: CrfConfig | None = None):
     """(H, W) uint8 argmax of :func:`dense_crf` (class indices; C must be <= 256): a tensor on ``probs``' device
-    when ``probs`` is a tensor, else a numpy array."""
+    when ``probs`` is a tensor, else a numpy array. An image over the budget never holds full-size marginals: they
+    are resized and argmaxed a band of rows at a time."""
+    cfg = cfg or CrfConfig()
+    _check_pair(image, probs)
     if probs.shape[0] > 256:
         raise ValueError(f"crf_labels returns uint8 class indices; {probs.shape[0]} classes do not fit")
-    q = dense_crf(image, probs, cfg)
-    return q.argmax(dim=0).to(torch.uint8) if isinstance(q, Tensor) else q.argmax(axis=0).astype(np.uint8)
+    labels = _labels(*_refine_one(image, probs, cfg))
+    return labels if isinstance(probs, Tensor) else labels.cpu().numpy()
+
+
+def working_size(height: int, width: int, classes: int, cfg: CrfConfig) -> tuple[int, int]:
+    """(h, w) the CRF of an image of (height, width) pixels and ``classes`` classes runs at: its own size when its
+    estimate fits ``cfg.memory_mib`` (the module docstring), else the largest size of about its aspect that does."""
+    limit = cfg.memory_mib * 2**20 // _bytes_per_pixel(classes)
+    if height * width <= limit:
+        return height, width
+    h = max(1, int(height * math.sqrt(limit / (height * width))))
+    w = max(1, min(width, limit // h))
+    return min(h, limit // w), w  # a thin image keeps its one column or row
 
 
 def dense_crf_batch(
     images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], cfg: CrfConfig, dtype: torch.dtype = torch.float32
 ) -> list[Tensor]:
-    """:func:`dense_crf` (torch backend) of many images in one mean-field run, each with its own lattice.
+    """:func:`dense_crf` (torch backend) of many images in as few mean-field runs as the memory budget allows, each
+    image with its own lattice.
 
-    The images may differ in size and in number of classes: every pixel of every image is one row of one lattice
-    whose keys carry the image index, so no two images share a lattice point and each result equals a call on
-    its own image (up to float summation order).
+    The images may differ in size and in number of classes: every pixel of every image of a run is one row of one
+    lattice whose keys carry the image index, so no two images share a lattice point and each result equals a call
+    on its own image (up to float summation order). Consecutive images share a run while their estimate fits
+    ``cfg.memory_mib``; an image over it runs alone at :func:`working_size`.
 
     Args:
         images: (H_i, W_i, 3) uint8 RGB arrays or tensors.
         probs: (C_i, H_i, W_i) float probability tensors, all on one device (where the CRF runs).
-        cfg: Kernel constants and iterations.
+        cfg: Kernel constants, iterations and memory budget.
         dtype: Of the mean-field (float32 as pydensecrf; float64 shows how far float32 rounding moves a result).
 
     Returns:
         (C_i, H_i, W_i) marginals of ``dtype`` on that device, one per image.
+
+    Raises:
+        ValueError: An image or its probabilities are not as above (one line naming what is wrong).
     """
+    for image, p in zip(images, probs, strict=True):
+        _check_pair(image, p)
+    return [_full_size(q, size) for q, size in _refine_batch(images, probs, cfg, dtype)]
+
+
+def _bytes_per_pixel(classes: int) -> int:
+    return BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * classes
+
+
+def _refine_one(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: CrfConfig) -> tuple[Tensor, tuple]:
+    """The (C, h, w) float32 marginals of one checked image at :func:`working_size` (on ``probs``' device), and its
+    (H, W)."""
+    if cfg.backend == "torch":
+        return _refine_batch([image], [_tensor(probs, np.float32)], cfg, torch.float32)[0]
+    image, small, run = _reduced(image, _tensor(probs, np.float32), cfg)
+    q = torch.from_numpy(_pydensecrf(_numpy(image), _numpy(small), run))
+    return q.to(probs.device) if isinstance(probs, Tensor) else q, tuple(probs.shape[1:])
+
+
+def _refine_batch(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], cfg: CrfConfig,
+                  dtype: torch.dtype) -> list[tuple[Tensor, tuple]]:  # fmt: skip
+    """(marginals at :func:`working_size`, (H, W)) of each checked image, in runs that fit the budget."""
     if not probs:
         return []
+    out = []
     with torch.no_grad(), torch.autocast(probs[0].device.type, enabled=False):  # float32 products, no graph
-        return _mean_field(images, probs, cfg, dtype)
+        for run in _runs([tuple(p.shape) for p in probs], cfg):
+            if len(run) == 1:  # alone: at a reduced resolution when over the budget
+                image, small, run_cfg = _reduced(images[run[0]], probs[run[0]], cfg)
+                q = _mean_field([image], [small], run_cfg, dtype)
+            else:
+                q = _mean_field([images[k] for k in run], [probs[k] for k in run], cfg, dtype)
+            out += [(m, tuple(probs[k].shape[1:])) for m, k in zip(q, run, strict=True)]
+    return out
+
+
+def _runs(shapes: list[tuple[int, int, int]], cfg: CrfConfig) -> list[list[int]]:
+    """The images of each mean-field run, by index: consecutive (C, H, W) ``shapes`` while the run's estimate (its
+    pixels x the bytes per pixel of its most classes) fits ``cfg.memory_mib``."""
+    runs: list[list[int]] = []
+    pixels = classes = 0
+    for k, (c, h, w) in enumerate(shapes):
+        if runs and (pixels + h * w) * _bytes_per_pixel(max(classes, c)) <= cfg.memory_mib * 2**20:
+            runs[-1].append(k)
+            pixels, classes = pixels + h * w, max(classes, c)
+        else:
+            runs.append([k])
+            pixels, classes = h * w, c
+    return runs
+
+
+def _reduced(image: np.ndarray | Tensor, probs: Tensor, cfg: CrfConfig) -> tuple[Tensor, Tensor, CrfConfig]:
+    """``image``, ``probs`` and ``cfg`` as the CRF runs them: as they are when the image fits the budget, else the
+    image (uint8) and the probabilities at :func:`working_size`, with the kernel widths in pixels scaled alike."""
+    c, height, width = probs.shape
+    h, w = working_size(height, width, c, cfg)
+    if (h, w) == (height, width):
+        return image, probs, cfg
+    rgb = _tensor(image, np.uint8).to(probs.device)
+    small_rgb = shrink(lambda a, b: rgb[a:b].permute(2, 0, 1)[None].float(), (height, width), (h, w), h * w)
+    small_rgb = small_rgb[0].round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 0).contiguous()
+    small = shrink(lambda a, b: probs[None, :, a:b].float(), (height, width), (h, w), h * w)[0]
+    factor = math.sqrt(h * w / (height * width))
+    run = replace(cfg, gaussian_sxy=cfg.gaussian_sxy * factor, bilateral_sxy=cfg.bilateral_sxy * factor)
+    return small_rgb, small, run
+
+
+def _full_size(q: Tensor, size: tuple[int, int]) -> Tensor:
+    """The (C, h, w) marginals ``q`` resized (bilinear) to ``size`` (H, W), or as they are at that size."""
+    return q if tuple(q.shape[1:]) == tuple(size) else BandResize(q.shape[1:], size, q.device).full(q)
+
+
+def _labels(q: Tensor, size: tuple[int, int]) -> Tensor:
+    """(H, W) uint8 argmax of the (C, h, w) marginals ``q`` resized to ``size`` (H, W), a band of rows at a time."""
+    if tuple(q.shape[1:]) == tuple(size):
+        return q.argmax(dim=0).to(torch.uint8)
+    resize = BandResize(q.shape[1:], size, q.device)
+    labels = torch.empty(size, dtype=torch.uint8, device=q.device)
+    for start, stop in row_bands(*size, q.shape[1] * q.shape[2]):
+        labels[start:stop] = resize.band(q, start, stop).argmax(dim=0)
+    return labels
 
 
 def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], cfg: CrfConfig,
@@ -126,7 +237,6 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
     sxy_b = torch.tensor(cfg.bilateral_sxy, dtype=torch.float32, device=device)
     srgb = torch.tensor(cfg.bilateral_srgb, dtype=torch.float32, device=device)
     for image, p in zip(images, probs, strict=True):
-        _check_pair(image, p)
         if p.device != device:
             raise ValueError(f"dense_crf_batch needs every probability tensor on one device: {p.device} != {device}")
         c, h, w = p.shape
@@ -179,10 +289,31 @@ def _pydensecrf(image: np.ndarray, probs: np.ndarray, cfg: CrfConfig) -> np.ndar
     return np.asarray(q, dtype=np.float32).reshape(c, h, w)
 
 
-def _check_pair(image, probs) -> None:
+def _check_pair(image: np.ndarray | Tensor, probs: np.ndarray | Tensor) -> None:
+    """Refuse inputs the CRF would turn into nonsense without a word, in one line naming what is wrong.
+
+    Raises:
+        ValueError: The shapes do not match, the image is not uint8, it has no pixel, there is no class, or a
+            probability is NaN or infinite (which would spread to every pixel of the image through the lattice).
+    """
     if image.ndim != 3 or image.shape[2] != 3 or probs.ndim != 3 or tuple(probs.shape[1:]) != tuple(image.shape[:2]):
         raise ValueError(
             f"dense_crf needs an (H, W, 3) image and (C, H, W) probs, got {tuple(image.shape)}, {tuple(probs.shape)}"
+        )
+    if image.dtype not in (np.uint8, torch.uint8):
+        raise ValueError(
+            f"dense_crf needs a uint8 RGB image (0-255), got {image.dtype}: convert it first (a 16-bit image: "
+            "(image >> 8).astype(np.uint8)); other values would wrap around modulo 256"
+        )
+    if not image.shape[0] or not image.shape[1]:
+        raise ValueError(f"dense_crf needs an image of at least 1 x 1 pixels, got {image.shape[0]} x {image.shape[1]}")
+    if not probs.shape[0]:
+        raise ValueError(f"dense_crf needs probabilities of at least 1 class, got shape {tuple(probs.shape)}")
+    bad = int((~(torch.isfinite(probs) if isinstance(probs, Tensor) else np.isfinite(probs))).any(0).sum())
+    if bad:
+        raise ValueError(
+            f"dense_crf needs finite probabilities: {bad} of {probs.shape[1] * probs.shape[2]} pixels hold NaN or an "
+            "infinity (the CRF would spread it to every pixel of the image)"
         )
 
 
@@ -292,16 +423,16 @@ def _run_now(fn: Callable, *args) -> Future:
 
 
 def _torch_jobs(images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tensor], cfg: CrfConfig) -> list[Future]:
-    """Finished futures of (H, W) uint8 numpy labels: the images whose shapes fit run in one batch, the others
-    fail alone."""
+    """Finished futures of (H, W) uint8 numpy labels: the images whose inputs pass the checks run in as few
+    mean-field runs as the memory budget allows, the others fail alone."""
     futures = [_run_now(_check_pair, i, p) for i, p in zip(images, probs, strict=True)]
     ok = [k for k, f in enumerate(futures) if f.exception() is None]
     tensors = [_tensor(probs[k], np.float32) for k in ok]
-    batch = _run_now(dense_crf_batch, [images[k] for k in ok], tensors, cfg)
+    batch = _run_now(_refine_batch, [images[k] for k in ok], tensors, cfg, torch.float32)
     for k, j in zip(ok, range(len(ok)), strict=True):
         futures[k] = Future()
         if batch.exception() is not None:
             futures[k].set_exception(batch.exception())
         else:
-            futures[k].set_result(batch.result()[j].argmax(dim=0).to(torch.uint8).cpu().numpy())
+            futures[k].set_result(_labels(*batch.result()[j]).cpu().numpy())
     return futures

@@ -232,7 +232,7 @@ def write_gallery(
         "over the input; "
         + ("ground truth; " if truth else "")
         + "the CAM of each class the classifier predicts present (sigmoid &gt; "
-        f"{cls_thresh}; its top-1 class when none), captioned with its probability.</p>\n"
+        f"{cls_thresh}; its top-1 class when none) and the mask shows, captioned with its probability.</p>\n"
         + _legend(classes, seen)
         + f'<div class="row head"><div class="name">image</div>{head}<div class="cams">CAM per present class</div>'
         "</div>\n" + "\n".join(rows) + "\n</body></html>\n"

@@ -4,12 +4,14 @@ the dense CRF jobs, and the outputs of each image.
 Batching (:mod:`wsss.inference.batching`): a batch holds images of one size. Each scale of a batch of ``n`` images
 is one forward pass of ``2n`` (with flip). Results are identical to ``batch_size=1`` up to float rounding.
 
-Each image's files are written in an order that makes the mask the mark of a finished image: its ``labels/``
-entry, logits, CAM overlay, CAM thumbnails and thumbnail, then its overlay and last its mask. With the dense CRF
-(:class:`CrfJobs`) the images of a model batch are submitted together as soon as their probabilities exist: the
-``torch`` backend runs them in one call on the model's device (the probabilities never leave it); the
-``pydensecrf`` backend queues them to its worker processes and a mask is written when its job finishes, so the
-model loop does not wait for the CRF.
+Each image's files are written in an order that makes the mask the mark of a finished image: its logits, then,
+once its mask exists (the ``present`` classes are those of the classifier that the mask shows,
+:meth:`~wsss.inference.predictor.Segmenter.present_classes`), its ``labels/`` entry, CAM overlay, CAM thumbnails
+and thumbnail, then its overlay and last its mask. With the dense CRF (:class:`CrfJobs`) the images of a model batch
+are submitted together as soon as their probabilities exist: the ``torch`` backend runs them in one call on the
+model's device (the probabilities never leave it); the ``pydensecrf`` backend queues them to its worker processes and
+an image's files are written when its job finishes, so the model loop does not wait for the CRF (a queued image
+keeps its batch's model outputs, at the model's resolution, until then).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from wsss.inference.gallery import write_class_cams
 from wsss.inference.predictor import BatchOutputs, Segmenter
 from wsss.inference.sources import Source, save_output
 from wsss.inference.visualize import cam_legend, cam_overlay, cam_peaks, draw_cam_legend, mask_overlay, thumbnail
-from wsss.models.tta import predicted_classes
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
 from wsss.utils.lifetime import die_with_parent
 
@@ -187,22 +188,35 @@ class InferenceLoop:
         pred = segmenter.run_batch(images, setup.scales, setup.flip, setup.max_size, cams=setup.cams)
         jobs = []
         for i, (src, paths, raw) in enumerate(batch):
-            self._write_extras(pred, i, src, paths, raw)
+            if "logits" in paths:
+                save_output(paths["logits"], _save_npy, pred.small_logits(i, self.setup.logits_stride))
             keep = segmenter.mask_classes(pred.out.cls_logits[i])
             if self.crf is not None:
                 index = keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy()
-                jobs.append(((src, paths, raw, index), raw, pred.probabilities(i, keep, self.crf.on_device)))
+                jobs.append(((pred, i, src, paths, raw, index), raw, pred.probabilities(i, keep, self.crf.on_device)))
             else:
-                self._finish(src, paths, raw, pred.mask(i, keep))
+                self._finish(pred, i, src, paths, raw, pred.mask(i, keep))
         if jobs:
             self.crf.submit(jobs)
         self._collect(block=False)
 
-    def _write_extras(self, pred: BatchOutputs, i: int, src: Source, paths: dict[str, Path], raw: np.ndarray) -> None:
-        """Write the files of image ``i`` of ``pred`` that come before its overlay and mask."""
+    def _collect(self, block: bool) -> None:
+        """Write the files of the images whose CRF jobs finished (see :meth:`CrfJobs.ready`)."""
+        if self.crf is None:
+            return
+        for (pred, i, src, paths, raw, index), labels in self.crf.ready(block):
+            if isinstance(labels, Exception):
+                self._skip(src, f"dense CRF failed ({type(labels).__name__}: {labels})")
+            else:
+                self._finish(pred, i, src, paths, raw, index[labels])  # the CRF's labels index the classes it got
+
+    def _finish(
+        self, pred: BatchOutputs, i: int, src: Source, paths: dict[str, Path], raw: np.ndarray, mask: np.ndarray
+    ) -> None:
+        """Write the files of image ``i`` of ``pred`` that follow its ``mask``, and last the mask."""
         segmenter, cls_logits = self.setup.segmenter, pred.out.cls_logits[i]
         names = segmenter.classes[1:]
-        present, top1 = predicted_classes(cls_logits, segmenter.cfg.cls_thresh)
+        present, top1 = segmenter.present_classes(cls_logits, mask)
         entry = {
             "classes": segmenter.classes,
             "present": [n for n, p in zip(names, present.tolist(), strict=True) if p],
@@ -210,8 +224,6 @@ class InferenceLoop:
             "scores": {n: round(p, 4) for n, p in zip(names, cls_logits.sigmoid().tolist(), strict=True)},
         }
         save_output(paths["labels"], atomic_write_text, json.dumps(entry) + "\n")  # before the mask: it marks it done
-        if "logits" in paths:
-            save_output(paths["logits"], _save_npy, pred.small_logits(i, self.setup.logits_stride))
         if "cams" in paths:
             save_output(paths["cams"], save_image, _cam_picture(pred, i, present, raw, segmenter.classes))
         if "thumbs" in paths:  # the thumbnail last: it marks the image's CAM thumbnails complete
@@ -220,18 +232,6 @@ class InferenceLoop:
             cams = pred.out.cam[i, shown.to(pred.out.cam.device)]
             write_class_cams(self.setup.output, src.rel, thumb, cams, (shown + 1).tolist())
             save_output(paths["thumbs"], save_image, thumb)
-
-    def _collect(self, block: bool) -> None:
-        """Write the masks of the finished CRF jobs (see :meth:`CrfJobs.ready`)."""
-        if self.crf is None:
-            return
-        for (src, paths, raw, index), labels in self.crf.ready(block):
-            if isinstance(labels, Exception):
-                self._skip(src, f"dense CRF failed ({type(labels).__name__}: {labels})")
-            else:
-                self._finish(src, paths, raw, index[labels])  # the CRF's labels index the classes it was given
-
-    def _finish(self, src: Source, paths: dict[str, Path], raw: np.ndarray, mask: np.ndarray) -> None:
         if "overlays" in paths:
             save_output(paths["overlays"], save_image, mask_overlay(raw, mask))
         save_output(paths["masks"], save_mask, mask, self.palette)

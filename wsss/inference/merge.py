@@ -76,8 +76,8 @@ class InferenceSummary:
 
 
 def image_line(entry: dict[str, Any], others: int = 3) -> str:
-    """One line of an image's classes: each present class with its score, the rule that chose them, and the
-    ``others`` most probable of the rest, e.g. ``photo.jpg: present dog 0.97, person 0.81 (score > 0.5); next
+    """One line of an image's classes: each present class with its score (or ``no class``), the rule that chose them,
+    and the ``others`` most probable of the rest, e.g. ``photo.jpg: present dog 0.97, person 0.81 (score > 0.5); next
     most probable: cat 0.12, sofa 0.03, chair 0.02``.
 
     Args:
@@ -86,9 +86,10 @@ def image_line(entry: dict[str, Any], others: int = 3) -> str:
         others: How many of the classes not present to name.
     """
     scores, present = entry["scores"], entry["present"]
-    shown = ", ".join(f"{name} {scores[name]:.2f}" for name in present)
+    shown = ", ".join(f"{name} {scores[name]:.2f}" for name in present) or "no class"
     if entry["top1_fallback"]:
         rule = f"the most probable: no class scores above {entry['threshold']}"
+        rule += "" if present else "; the mask does not show it"
     else:
         rule = f"score > {entry['threshold']}"
     rest = sorted((n for n in scores if n not in present), key=lambda n: -scores[n])[:others]

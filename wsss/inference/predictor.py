@@ -7,21 +7,24 @@ per image.
     result = segmenter.predict("photo.jpg", crf=True, cams=True)   # or an array, or a PIL image
     result.mask            # (H, W) uint8 class ids: indices into result.classes (background 0)
     result.scores          # (C-1,) float32 image-level probability of each foreground class (classes[1:])
-    result.present_ids     # array([12, 15]): the ids of the classes the classifier finds in the image
+    result.present_ids     # array([12, 15]): the classes the classifier finds in the image and the mask shows
     result.present         # ["dog", "person"]: their names
     result.cams            # {"dog": (H, W) float32, "person": ...}: the CAM of each present class
     results = segmenter.predict([a, b, "c.jpg"])   # a list in, a list of results out, in order
 
 What the outputs mean, and how they agree:
 
-- ``present``: the foreground classes whose image-level probability (``scores``) exceeds
+- The classifier's classes: the foreground classes whose image-level probability (``scores``) exceeds
   ``infer.cls_thresh``; when none does, the single most probable class (``top1_fallback`` is then True), since
   a photo given to a segmenter is taken to show something.
-- ``cams``: one CAM per ``present`` class.
 - ``mask``: with ``infer.mask_classes = "present"`` (the default) the argmax (and the CRF) runs over the
-  background and the ``present`` classes only, so every class in the mask is in ``present``; with ``"all"`` (the
-  reference's inference) over every class, so the mask may hold classes the classifier calls absent
+  background and the classifier's classes only; with ``"all"`` (the reference's inference) over every class
   (docs/reference.md row 18 measures both).
+- ``present``: the classifier's classes that the mask shows (at least one pixel), so a class is never named, given
+  a CAM or captioned in the gallery while its mask is empty (a top-1 class whose logits lose to the background's
+  everywhere, such as a grayscale photo's, is left out: ``present`` may then be empty). With ``"present"`` the mask
+  holds exactly the background and ``present``; with ``"all"`` it may also hold classes the classifier calls absent.
+- ``cams``: one CAM per ``present`` class.
 
 Inputs: an image file (read as :func:`~wsss.utils.fileio.read_image` reads it: EXIF orientation, grayscale,
 palette, RGBA composited on black, 16-bit), a ``PIL.Image`` (converted the same way, without the EXIF rotation,
@@ -32,9 +35,11 @@ Every option defaults to the checkpoint's config (``infer.*``). ``tools/infer.py
 :func:`wsss.inference.runner.run_inference` run through :meth:`Segmenter.run_batch`, as :meth:`Segmenter.predict`
 does, so the library and the CLI share one inference path.
 
-Memory: the model sees an image with its longest side at most ``infer.max_size``; the outputs are brought to the
-image's own size a band of rows at a time (:class:`BandResize`), so a 12000 x 12000 photo never holds full-size
-float logits, only the uint8 mask.
+Memory: the model sees an image with its longest side at most :func:`longest_side` (``infer.max_size``, and in any
+case at most :data:`~wsss.config.validation.MAX_SIDE` px at the largest TTA scale, whatever ``max_size`` and the
+scales come from: a checkpoint, ``--cfg-options`` or an argument); the outputs are brought to the image's own size a
+band of rows at a time (:class:`BandResize`), so a 12000 x 12000 photo never holds full-size float logits, only the
+uint8 mask.
 """
 
 from __future__ import annotations
@@ -52,20 +57,24 @@ from PIL import Image
 from torch import Tensor
 
 from wsss.config import Config, InferConfig
+from wsss.config.validation import MAX_SIDE
 from wsss.data.transforms import normalize
 from wsss.inference.crf import crf_labels
+from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file, untrained_decoder_warning
 from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
 from wsss.utils.distributed import rank_and_world
 from wsss.utils.fileio import image_to_rgb, read_image
 
-__all__ = ["BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "row_bands"]
+__all__ = [
+    "BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "classes_shown", "longest_side", "row_bands",
+]  # fmt: skip
 
 _UNSET: Any = object()
+_COUNT_CHUNK = 1 << 20
+"""Mask pixels per ``np.bincount`` (which counts in int64: 8 bytes a pixel for the chunk, not for a whole mask)."""
 ImageLike = np.ndarray | Image.Image | str | Path
 """What :meth:`Segmenter.predict` takes as one image (:func:`as_rgb`)."""
-_MATRIX_CHUNK = 256
-"""Unit vectors resized per call when building an interpolation matrix (bounds its temporary memory)."""
 
 
 @dataclass
@@ -78,9 +87,11 @@ class Segmentation:
         scores: (C-1,) float32 image-level probability of each foreground class, in the order of ``classes[1:]``
             (sigmoid of the classifier logits, averaged over the TTA passes): ``scores[k - 1]`` is class k's.
         present_ids: (K,) int64 ids (into ``classes``, as in ``mask``), ascending, of the foreground classes whose
-            score exceeds ``infer.cls_thresh``, or of the most probable one when none does (``top1_fallback``).
+            score exceeds ``infer.cls_thresh``, or of the most probable one when none does (``top1_fallback``),
+            that the mask shows (:meth:`Segmenter.present_classes`).
         present: The K names of ``present_ids``.
-        top1_fallback: No class passed ``infer.cls_thresh``; ``present`` is the most probable class.
+        top1_fallback: No class passed ``infer.cls_thresh``; ``present`` is the most probable class, or empty when
+            the mask does not show it.
         cams: With ``cams=True``: (H, W) float32 CAM in [0, 1] of each ``present`` class, by name; else None.
         classes: Every class name, background first.
     """
@@ -97,6 +108,23 @@ class Segmentation:
     def class_probs(self) -> dict[str, float]:
         """``scores`` by foreground class name (what ``labels/<image>.json`` of ``tools/infer.py`` holds)."""
         return dict(zip(self.classes[1:], self.scores.tolist(), strict=True))
+
+
+def longest_side(max_size: int | None, scales: Sequence[float]) -> int:
+    """The longest side an image is brought to before the TTA ``scales``: ``max_size``, lowered to what keeps the
+    largest scale within :data:`~wsss.config.validation.MAX_SIDE` px; 0 or None (no cap of its own): that ceiling.
+    So the model never sees a side over ``MAX_SIDE``, whatever the source of the two settings."""
+    ceiling = max(1, int(MAX_SIDE / max(scales)))
+    return min(max_size, ceiling) if max_size else ceiling
+
+
+def classes_shown(mask: np.ndarray, count: int) -> np.ndarray:
+    """(count,) bool: which of ``count`` class ids the uint8 ``mask`` holds (counted a million pixels at a time)."""
+    flat = mask.reshape(-1)
+    shown = np.zeros(count, dtype=bool)
+    for start in range(0, flat.size, _COUNT_CHUNK):
+        shown |= np.bincount(flat[start : start + _COUNT_CHUNK], minlength=count)[:count] > 0
+    return shown
 
 
 def as_rgb(image: Any) -> np.ndarray:
@@ -147,65 +175,6 @@ def as_rgb(image: Any) -> np.ndarray:
             f"expected an (H, W), (H, W, 1), (H, W, 3) RGB or (H, W, 4) RGBA uint8 image, got shape {arr.shape}"
         )
     return arr
-
-
-def row_bands(height: int, width: int, band_pixels: int) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` of bands of rows of at most about ``band_pixels`` pixels covering ``height`` rows (0: one
-    band)."""
-    rows = max(1, band_pixels // width) if band_pixels else height
-    for start in range(0, height, rows):
-        yield start, min(start + rows, height)
-
-
-def interpolation_matrix(size_in: int, size_out: int, antialias: bool, device: torch.device) -> Tensor:
-    """(size_out, size_in) float32 weights of 1-D bilinear resizing as ``F.interpolate`` (``align_corners=False``,
-    with or without ``antialias``) computes them: each column is its resize of a unit vector."""
-    columns = []
-    for start in range(0, size_in, _MATRIX_CHUNK):
-        count = min(_MATRIX_CHUNK, size_in - start)
-        units = torch.zeros(count, 1, 1, size_in, device=device)  # along the width: torch resizes an (n, 1)
-        units[torch.arange(count), 0, 0, torch.arange(start, start + count)] = 1.0  # column otherwise (antialias)
-        resized = F.interpolate(units, size=(1, size_out), mode="bilinear", align_corners=False, antialias=antialias)
-        columns.append(resized[:, 0, 0, :])
-    return torch.cat(columns).T.contiguous()
-
-
-class BandResize:
-    """Bilinear resizing (``align_corners=False``) of (..., h, w) maps to (H, W) a band of output rows at a time.
-
-    Bilinear resizing is separable: a band's rows are ``rows[band] @ maps`` with the 1-D weights of
-    :func:`interpolation_matrix` (over the few source rows they touch), then ``F.interpolate`` along the width
-    alone. A band equals the rows of ``F.interpolate(maps, (H, W))`` up to float rounding, and the full-size maps
-    never exist. Maps already at (H, W) are sliced as they are.
-
-    Args:
-        source: (h, w) of the maps.
-        target: (H, W) to resize them to.
-        device: Where the weights live (that of the maps).
-    """
-
-    def __init__(self, source: tuple[int, int], target: tuple[int, int], device: torch.device) -> None:
-        self.source, self.target = tuple(source), tuple(target)
-        self.rows = None
-        if self.source != self.target:
-            self.rows = interpolation_matrix(source[0], target[0], False, device)
-            touched = (self.rows != 0).cpu()
-            self.first = touched.int().argmax(dim=1).tolist()  # the first and last source row of each output row
-            self.last = (source[0] - 1 - touched.flip(1).int().argmax(dim=1)).tolist()
-
-    def band(self, maps: Tensor, start: int, stop: int) -> Tensor:
-        """Rows ``start:stop`` of ``maps`` resized: (..., h, w) -> (..., stop - start, W)."""
-        if self.rows is None:
-            return maps[..., start:stop, :]
-        low, high = min(self.first[start:stop]), max(self.last[start:stop]) + 1
-        rows = self.rows[start:stop, low:high] @ maps[..., low:high, :].float()
-        flat = rows.reshape(1, -1, *rows.shape[-2:])
-        wide = F.interpolate(flat, size=(stop - start, self.target[1]), mode="bilinear", align_corners=False)
-        return wide.reshape(*rows.shape[:-1], self.target[1])
-
-    def full(self, maps: Tensor) -> Tensor:
-        """``maps`` resized whole: (..., h, w) -> (..., H, W)."""
-        return self.band(maps, 0, self.target[0])
 
 
 @dataclass
@@ -338,6 +307,13 @@ class Segmenter:
         present, _ = predicted_classes(cls_logits, self.cfg.cls_thresh)
         return torch.cat([present.new_ones(1), present])
 
+    def present_classes(self, cls_logits: Tensor, mask: np.ndarray) -> tuple[Tensor, bool]:
+        """The ``present`` classes of an image: (C-1,) bool, the classes the classifier finds (``infer.cls_thresh``,
+        or its top-1 when none passes) that the (H, W) uint8 ``mask`` shows; and whether the top-1 rule chose them."""
+        chosen, top1 = predicted_classes(cls_logits, self.cfg.cls_thresh)
+        shown = torch.from_numpy(classes_shown(mask, len(self.classes))[1:]).to(chosen.device)
+        return chosen & shown, top1
+
     def model_input(self, raw: np.ndarray, size: tuple[int, int], band_pixels: int) -> Tensor:
         """(3, h, w) normalised model input of an (H, W, 3) uint8 image: at its own size, or downscaled to ``size``
         (bilinear, antialiased): the width of each band of ``band_pixels`` pixels, then the height of the narrow
@@ -345,13 +321,11 @@ class Segmenter:
         float image."""
         if tuple(raw.shape[:2]) == tuple(size):
             return normalize(raw, self.mean, self.std).to(self.device)
-        narrow = [
-            F.interpolate(normalize(raw[start:stop], self.mean, self.std)[None].to(self.device),
-                          size=(stop - start, size[1]), mode="bilinear", align_corners=False, antialias=True)
-            for start, stop in row_bands(raw.shape[0], raw.shape[1], band_pixels)
-        ]  # fmt: skip
-        x = F.interpolate(torch.cat(narrow, dim=-2), size=size, mode="bilinear", align_corners=False, antialias=True)
-        return x[0]
+
+        def band(start: int, stop: int) -> Tensor:
+            return normalize(raw[start:stop], self.mean, self.std)[None].to(self.device)
+
+        return shrink(band, raw.shape[:2], size, band_pixels)[0]
 
     @torch.no_grad()
     def run_batch(
@@ -369,17 +343,19 @@ class Segmenter:
             images: (H, W, 3) uint8 RGB arrays (:func:`as_rgb`), all of one size.
             scales: TTA scales (default ``infer.scales``).
             flip: Flip TTA (default ``infer.flip``).
-            max_size: Longest side the model sees: a larger image is downscaled (bilinear, antialiased) and its
-                outputs are brought back to its size by :class:`BatchOutputs` (default ``infer.max_size``; 0 or
-                None: the original size). Bands of ``max_size**2`` pixels bound the resizing's memory.
+            max_size: Longest side an image is brought to before the scales (default ``infer.max_size``; 0 or None:
+                no cap of its own), lowered by :func:`longest_side` so that the largest scale stays within
+                :data:`~wsss.config.validation.MAX_SIDE` px: a larger image is downscaled (bilinear, antialiased)
+                and its outputs are brought back to its size by :class:`BatchOutputs`, in bands of ``max_size**2``
+                pixels.
             cams: Also compute the CAMs.
         """
         scales = tuple(self.cfg.scales if scales is None else scales)
         flip = self.cfg.flip if flip is None else flip
-        max_size = (self.cfg.max_size if max_size is _UNSET else max_size) or 0
+        max_size = longest_side(self.cfg.max_size if max_size is _UNSET else max_size, scales)
         size = tuple(images[0].shape[:2])
         small = size
-        if max_size and max(size) > max_size:
+        if max(size) > max_size:
             factor = max_size / max(size)
             small = (max(1, round(size[0] * factor)), max(1, round(size[1] * factor)))
         x = torch.stack([self.model_input(raw, small, max_size**2) for raw in images])
@@ -466,7 +442,7 @@ class Segmenter:
             mask = keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy()[labels]
         else:
             mask = batch.mask(i, keep)
-        present, top1 = predicted_classes(cls_logits, self.cfg.cls_thresh)
+        present, top1 = self.present_classes(cls_logits, mask)
         ids = present.nonzero()[:, 0].cpu().numpy().astype(np.int64) + 1
         names = [self.classes[k] for k in ids.tolist()]
         cam_maps = None

@@ -29,19 +29,32 @@ Sharding: every rank lists the same sorted ids and takes :func:`~wsss.inference.
 by pixels); each mask is written atomically, and an image whose two masks exist is skipped unless ``overwrite``, so a
 re-run, with the same or another number of ranks, finishes the rest. Rank 0 gathers what every rank did and writes
 the split file, ``image_labels.json``, ``summary.json`` and the second-stage configs
-(:mod:`wsss.inference.second_stage`). ``run.json``, written before any mask, holds the settings the masks depend on;
-a re-run with other settings over any existing mask (of a complete export, a killed one, another split) is refused
-(``overwrite`` redoes them). An ``overwrite`` run with other settings names them in ``run.json`` (``mixed_with``)
-until it has redone every mask in OUT, so resuming it after a kill without ``overwrite`` is refused too: OUT never
-holds two kinds of masks under one ``run.json``.
+(:mod:`wsss.inference.second_stage`).
+
+OUT never holds two kinds of masks under one ``run.json``:
+
+- ``run.json``, written before any mask, holds the settings the masks depend on, the checkpoint among them by its
+  content (the SHA-256 of the file read; its path is recorded, not compared): a checkpoint copied over the one of a
+  killed export is another checkpoint. A re-run with other settings over any existing mask (of a complete export, a
+  killed one, another split) is refused (``overwrite`` redoes them).
+- Masks without a readable ``run.json`` (deleted, truncated) are of unknown settings: a run over them is refused
+  too, naming ``overwrite``.
+- An ``overwrite`` run with other settings (or over masks of unknown settings) names them in ``run.json``
+  (``mixed_with``) until it has redone every mask in OUT, so resuming it after a kill without ``overwrite`` is
+  refused too.
+- OUT is locked for the run (``export.lock``, an exclusive ``flock`` that rank 0 holds from before it reads
+  ``run.json`` to the end; :func:`wsss.utils.folder_lock.hold_lock`): a second export into the same OUT stops at
+  once, naming the holder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -64,8 +77,9 @@ from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks, refine_cams_with_par
-from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
+from wsss.utils.distributed import all_gather_objects, barrier, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, read_image, remove_stale_temporaries, save_mask
+from wsss.utils.folder_lock import hold_lock
 
 __all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "export_pseudo_labels", "pseudo_masks"]
 
@@ -76,6 +90,8 @@ DENSE_DIR = "SegmentationClassPseudoDense"
 MASK_DIRS = (PSEUDO_DIR, DENSE_DIR)
 SPLIT_DIR = "ImageSets/Segmentation"
 """Where the split file of the exported ids goes under OUT."""
+LOCK_FILE = "export.lock"
+"""OUT's lock file, held by rank 0 for the whole export."""
 
 
 @dataclass
@@ -228,23 +244,48 @@ def export_pseudo_labels(
     Raises:
         FileNotFoundError: The checkpoint, the dataset, its split or an image is missing.
         ValueError: A config error, the dataset's classes differ from the checkpoint's, an output would replace an
-            input, or OUT holds masks made with other settings (without ``overwrite``).
+            input, another export holds OUT, or OUT holds masks made with other or unknown settings (without
+            ``overwrite``).
         OutputError: A mask or file could not be written (one line naming it).
         ImportError: ``crf`` without pydensecrf2.
     """
     opts = options or ExportOptions()
+    plan = _plan(checkpoint, Path(output), opts)  # every check that needs no OUT: a refusal creates nothing
+    with _own_output(plan.output):
+        return _run(plan, opts, device)
+
+
+@dataclass
+class _Plan:
+    """What an export will do, decided before OUT is touched."""
+
+    checkpoint: str | Path
+    ckpt: dict[str, Any]
+    cfg: Config
+    split: str
+    dataset: VOCClsDataset
+    output: Path
+    split_file: Path
+    paths: dict[str, tuple[Path, Path]]
+    """The two masks of each image id."""
+    settings: dict[str, Any]
+    """What the masks depend on (``run.json``)."""
+
+    def finished(self, image_id: str) -> bool:
+        return all(p.is_file() for p in self.paths[image_id])
+
+
+def _plan(checkpoint: str | Path, output: Path, opts: ExportOptions) -> _Plan:
     if opts.crf_workers is not None and opts.crf_workers < 0:
         raise ValueError(f"--crf-workers: must be >= 0, got {opts.crf_workers}")
-    output = Path(output)
-    ckpt = read_model_file(checkpoint)
+    ckpt, digest = _read_checkpoint(checkpoint)
     if opts.config is not None:
         cfg = load_config(opts.config, opts.cfg_options)
     else:
         cfg = config_from_checkpoint(ckpt)
         cfg = apply_options(cfg, opts.cfg_options) if opts.cfg_options else cfg
-    mean, std = tuple(ckpt["mean"]), tuple(ckpt["std"])
     split = opts.split or cfg.data.train_split
-    dataset = VOCClsDataset(cfg.data, mean, std, split=split)
+    dataset = VOCClsDataset(cfg.data, tuple(ckpt["mean"]), tuple(ckpt["std"]), split=split)
     if list(dataset.classes) != list(ckpt["classes"]):
         raise ValueError(
             f"the dataset's classes {dataset.classes} differ from those {checkpoint} was trained on "
@@ -254,24 +295,74 @@ def export_pseudo_labels(
     _check_outputs(output, dataset, split_file)
     paths = {i: (output / PSEUDO_DIR / f"{mask_name(i)}.png", output / DENSE_DIR / f"{mask_name(i)}.png")
              for i in dataset.ids}  # fmt: skip
+    return _Plan(checkpoint, ckpt, cfg, split, dataset, output, split_file, paths,
+                 _settings(digest, dataset, cfg, opts.crf))  # fmt: skip
 
-    def finished(image_id: str) -> bool:
-        return all(p.is_file() for p in paths[image_id])
 
-    settings = _settings(checkpoint, dataset, cfg, opts.crf)
-    mixed = _check_previous_settings(output, settings, opts.overwrite)
+def _read_checkpoint(path: str | Path) -> tuple[dict[str, Any], str]:
+    """The checkpoint and ``sha256:<hex>`` of the file it was read from, its identity for ``run.json``.
+
+    Raises:
+        ValueError: The file was replaced or rewritten while it was read (its inode, size or time changed).
+    """
+    stamp = _stamp(path)
+    ckpt = read_model_file(path)  # names a missing or foreign file
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    if _stamp(path) != stamp:
+        raise ValueError(f"{path} changed while it was read (replaced or rewritten); run again once it is in place")
+    return ckpt, f"sha256:{digest.hexdigest()}"
+
+
+def _stamp(path: str | Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@contextmanager
+def _own_output(output: Path) -> Iterator[None]:
+    """Rank 0 creates OUT and holds its lock (:data:`LOCK_FILE`) while the block runs; when another export holds
+    it, or OUT cannot be created, every rank raises."""
+    with ExitStack() as stack:
+        error = None
+        if rank_and_world()[0] == 0:
+            try:
+                with writing(output):
+                    output.mkdir(parents=True, exist_ok=True)
+                stack.enter_context(hold_lock(output / LOCK_FILE, lambda holder: _in_use(output, holder)))
+            except (OSError, ValueError) as err:
+                error = str(err)
+        raise_on_every_rank(error)
+        yield
+
+
+def _in_use(output: Path, holder: str) -> ValueError:
+    return ValueError(
+        f"{output} is in use by another pseudo-label export ({holder}, see {output / LOCK_FILE}); wait for it to end "
+        "or give another OUT"
+    )
+
+
+def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> ExportSummary:
+    """The export, once OUT is this run's."""
+    output, cfg, dataset = plan.output, plan.cfg, plan.dataset
+    mean, std = tuple(plan.ckpt["mean"]), tuple(plan.ckpt["std"])
+    mixed = _check_previous_settings(output, plan.settings, opts.overwrite)
     rank, _ = rank_and_world()
     if rank == 0:
-        with writing(output):
-            output.mkdir(parents=True, exist_ok=True)
         own = [(output, False), (output / SPLIT_DIR, False), *((output / d, True) for d in MASK_DIRS)]
         for folder, recursive in own:  # OUT's own folders only; before the barrier: no rank writes yet
             remove_stale_temporaries(folder, recursive)
-        _write_run_file(output, settings, mixed)
+        _write_run_file(output, plan.settings, mixed, plan.checkpoint)
     barrier()
 
     sources = sorted((Source(i, dataset.image_path(i)) for i in dataset.ids), key=lambda s: s.rel)
-    todo = [s for s in own_shard(sources) if opts.overwrite or not finished(s.rel)]
+    todo = [s for s in own_shard(sources) if opts.overwrite or not plan.finished(s.rel)]
     done: list[str] = []
     skipped: list[Skipped] = []
     tic = time.perf_counter()
@@ -279,7 +370,7 @@ def export_pseudo_labels(
         with ExitStack() as stack:
             # the CRF workers start before the model exists (see CrfPool)
             pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers)) if opts.crf else None
-            model, _ = model_from_checkpoint(ckpt, device)
+            model, _ = model_from_checkpoint(plan.ckpt, device)
             par = PAR.from_config(cfg.par).to(device)
             palette = voc_palette()
             show = opts.progress and rank == 0
@@ -292,30 +383,30 @@ def export_pseudo_labels(
                 image = normalize(raw, mean, std)[None].to(device)
                 labels = torch.from_numpy(dataset.labels[src.rel].astype(np.float32))[None].to(device)
                 certain, dense = pseudo_masks(model, image, labels, cfg, mean, std, par, pool, raw)
-                for path, mask in zip(paths[src.rel], (certain, dense), strict=True):
+                for path, mask in zip(plan.paths[src.rel], (certain, dense), strict=True):
                     with writing(path):
                         save_mask(path, mask, palette)
                 done.append(src.rel)
-    summary = ExportSummary(output=output, split=split, images=len(sources), seconds=time.perf_counter() - tic)
+    summary = ExportSummary(output=output, split=plan.split, images=len(sources), seconds=time.perf_counter() - tic)
     parts = all_gather_objects((done, skipped))
     summary.done = sum(len(d) for d, _ in parts)
     summary.skipped = sorted((s for _, part in parts for s in part), key=lambda s: s.path)
     if rank != 0:
         return summary
-    exported = [i for i in dataset.ids if finished(i)]
+    exported = [i for i in dataset.ids if plan.finished(i)]
     summary.exported = [mask_name(i) for i in exported]
     summary.existing = len(exported) - summary.done
     if mixed and summary.existing == 0 and _mask_files(output) == {f"{mask_name(i)}.png" for i in exported}:
-        _write_run_file(output, settings, [])  # every mask in OUT was made now: one kind again
-    _write_merged(summary, dataset, cfg, checkpoint, split_file, exported)
+        _write_run_file(output, plan.settings, [], plan.checkpoint)  # every mask in OUT was made now: one kind again
+    _write_merged(summary, dataset, cfg, plan.checkpoint, plan.split_file, exported)
     return summary
 
 
-def _settings(checkpoint: str | Path, dataset: VOCClsDataset, cfg: Config, crf: bool) -> dict[str, Any]:
-    """What the masks depend on, as JSON values (``run.json``)."""
+def _settings(digest: str, dataset: VOCClsDataset, cfg: Config, crf: bool) -> dict[str, Any]:
+    """What the masks depend on, as JSON values (``run.json``): the checkpoint by its content (``digest``)."""
     crf_config = {k: v for k, v in asdict(cfg.infer.crf).items() if k != "workers"} if crf else None
     settings = {
-        "checkpoint": os.path.realpath(checkpoint), "label_file": os.path.realpath(dataset.label_path),
+        "checkpoint": digest, "label_file": os.path.realpath(dataset.label_path),
         "classes": list(dataset.classes), "cam": asdict(cfg.cam), "par": asdict(cfg.par),
         "ignore_index": cfg.data.ignore_index, "crf": crf, "crf_config": crf_config,
     }  # fmt: skip
@@ -324,24 +415,34 @@ def _settings(checkpoint: str | Path, dataset: VOCClsDataset, cfg: Config, crf: 
 
 def _check_previous_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> list[str]:
     """Refuse to add masks made with other settings than ``run.json``'s to any mask in OUT (of a complete export,
-    a killed one, another split), and to resume an ``overwrite`` run with other settings that did not redo every
-    mask (OUT then holds two kinds: ``run.json``'s ``mixed_with``).
+    a killed one, another split), to masks whose ``run.json`` is missing or unreadable (their settings are
+    unknown), and to resume an ``overwrite`` run with other settings that did not redo every mask (OUT then holds
+    two kinds: ``run.json``'s ``mixed_with``).
 
     Returns:
-        The settings in which OUT's masks may differ from ``settings`` (``overwrite`` over masks of other settings):
-        ``run.json`` names them until a run has redone every mask in OUT.
+        The settings in which OUT's masks may differ from ``settings`` (``overwrite`` over masks of other or
+        unknown settings): ``run.json`` names them until a run has redone every mask in OUT.
 
     Raises:
-        ValueError: Without ``overwrite``, OUT holds masks and other settings, or two kinds of masks.
+        ValueError: Without ``overwrite``, OUT holds masks and other or unknown settings, or two kinds of masks.
     """
+    masks = _mask_files(output)
+    if not masks:
+        return []
     try:
         previous = json.loads((output / "run.json").read_text())
     except (OSError, ValueError):
-        return []
-    if not isinstance(previous, dict) or not _mask_files(output):
-        return []
+        previous = None
+    if not isinstance(previous, dict):
+        if overwrite:
+            return sorted(settings)  # any of them may differ until every mask is redone
+        raise ValueError(
+            f"{output} holds the pseudo labels of {len(masks)} images without a readable {output / 'run.json'} "
+            "(missing or damaged), so their settings are unknown; --overwrite redoes every image, or give another OUT"
+        )
     earlier = previous.get("mixed_with") or []
-    changed = sorted({*(k for k in settings if previous.get(k) != settings[k]), *earlier})
+    earlier = earlier if isinstance(earlier, list) else sorted(settings)
+    changed = sorted({*(k for k in settings if previous.get(k) != settings[k]), *map(str, earlier)})
     if overwrite or not changed:
         return changed
     if earlier:
@@ -356,9 +457,11 @@ def _check_previous_settings(output: Path, settings: dict[str, Any], overwrite: 
     )
 
 
-def _write_run_file(output: Path, settings: dict[str, Any], mixed: list[str]) -> None:
-    """``run.json``: ``settings``, and while OUT may hold masks of other settings, which ones (``mixed_with``)."""
-    payload = {**settings, "mixed_with": mixed} if mixed else settings
+def _write_run_file(output: Path, settings: dict[str, Any], mixed: list[str], checkpoint: str | Path) -> None:
+    """``run.json``: ``settings``, the checkpoint's path (for the reader; the digest is what is compared), and while
+    OUT may hold masks of other settings, which ones (``mixed_with``)."""
+    payload = {**settings, "checkpoint_path": os.path.realpath(checkpoint)}
+    payload = {**payload, "mixed_with": mixed} if mixed else payload
     with writing(output / "run.json"):
         atomic_write_text(output / "run.json", json.dumps(payload, indent=2) + "\n")
 

@@ -23,8 +23,9 @@ under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive
     index.html            gallery, one row per image: input, mask, mask over the input, ground truth, one CAM
                           cell per present class captioned with its name and score; a colour legend; fits
                           1400 px (CAM cells wrap) (--gallery, which implies --overlay --cams)
-    labels/<rel>.json     "present": the classes the classifier predicts present (sigmoid > infer.cls_thresh),
-                          or its top-1 class when none is ("top1_fallback": true); "scores": every
+    labels/<rel>.json     "present": the classes the classifier predicts present (sigmoid > infer.cls_thresh,
+                          or its top-1 class when none is: "top1_fallback": true) that the mask shows, so
+                          the mask, "present", the CAMs and the gallery's captions agree; "scores": every
                           foreground class's probability (written with the image's other outputs, so an
                           interrupted run loses none)
     image_labels.json     every image's labels/ entry in one file, merged at the end of each run
@@ -48,9 +49,13 @@ does not wait for the CRF (it waits only when more than ``2 * workers + batch_si
 memory). Both in :class:`~wsss.inference.loop.CrfJobs`.
 
 Size cap: the model sees every image with its longest side at most ``max_size`` (``infer.max_size``, default
-1024; 0: no cap); every output comes back at the image's own size a band of rows of at most ``max_size**2``
-pixels at a time (:class:`~wsss.inference.predictor.BatchOutputs`), so no single op runs long on a huge image and
-no full-size float map is held: a 12000 x 12000 photo costs its uint8 pixels, its mask and bands.
+1024; 0: no cap of its own), and never a side over 2048 px at the largest TTA scale
+(:func:`~wsss.inference.predictor.longest_side`; ``run.json`` records the cap that applied); every output comes back
+at the image's own size a band of rows of at most ``max_size**2`` pixels at a time
+(:class:`~wsss.inference.predictor.BatchOutputs`), so no single op runs long on a huge image and no full-size float
+map is held: a 12000 x 12000 photo costs its uint8 pixels, its mask and bands. With ``crf``, the dense CRF's memory
+is at most ``infer.crf.memory_mib`` per call: a larger image runs it at a reduced resolution
+(:mod:`wsss.inference.crf`).
 
 Interrupts: ``tools/infer.py`` turns SIGTERM into ``SystemExit`` (:func:`wsss.utils.lifetime.exit_on_sigterm`),
 raised at the first Python step after the running torch op, which is between two scales, two bands or two
@@ -94,7 +99,7 @@ from wsss.inference.layout import OutputLayout
 from wsss.inference.loop import CrfJobs, InferenceLoop, LoopSetup
 from wsss.inference.merge import InferenceSummary, RankPart, merge_parts, stopped, write_run_files
 from wsss.inference.plan import list_inputs, prepare_output, split_done
-from wsss.inference.predictor import Segmenter
+from wsss.inference.predictor import Segmenter, longest_side
 from wsss.inference.sources import OutputError, own_shard
 from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
@@ -116,7 +121,8 @@ class InferenceOptions:
         overwrite: Redo images whose outputs exist.
         num_workers: Image decoding processes (0: in the main process).
         crf_workers: CRF processes of the ``pydensecrf`` backend; None takes ``infer.crf.workers`` (0: serial).
-        max_size: Longest side the model sees (0: no cap); None takes ``infer.max_size`` (see :class:`Segmenter`).
+        max_size: Longest side an image is brought to before the scales (0: no cap of its own, 2048 px over the
+            largest scale still bounds it); None takes ``infer.max_size`` (see :class:`Segmenter`).
         progress: Show a progress bar.
         cfg_options: ``{"infer.key": value}`` overrides of the checkpoint's inference settings (``--cfg-options``).
         follow_symlinks: Read symlinks to regular image files that resolve outside the input folder.
@@ -236,6 +242,7 @@ def run_inference(
         given = [o for o, v in (("--scales", opts.scales), ("--max-size", opts.max_size),
                                 ("--crf-workers", opts.crf_workers)) if v is not None]  # fmt: skip
         raise ConfigError(f"{', '.join(given)}: {err}") from None
+    max_size = longest_side(max_size, scales)  # 0 (no cap of its own) still keeps the model within MAX_SIDE
     listing = list_inputs(input_path, layout, split, list_path, (cfg.data.mask_dir, "SegmentationClass"),
                           opts.follow_symlinks)  # fmt: skip
     settings = {
