@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from _common import rss_bytes
 
-from wsss.data.coco import convert_coco
+from wsss.data.prepare.coco import convert_coco
 
 H, W = 480, 640
 CATEGORY_IDS = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83)]  # COCO's 80

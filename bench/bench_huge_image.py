@@ -7,7 +7,8 @@ few hundred KB, under PIL's bomb limit), against the imports alone, in the same 
 The image (a flat colour with a disc) is written to a temporary folder; each tree's ``tools/infer.py CHECKPOINT
 IMAGE OUT --scales 1 --no-flip --workers 0 --device cpu`` runs as a fresh subprocess and its peak resident memory
 (``ru_maxrss`` from ``os.wait4``) and wall time are reported, with the peer ``python -c "import torch,
-wsss.inference.runner"`` (what every run holds before it reads a pixel) and the image's own uint8 bytes. The model
+wsss.inference.folder.runner"`` (what every run holds before it reads a pixel) and the image's own uint8 bytes. The
+model
 sees the image at ``infer.max_size`` (the checkpoint's, 1024 by default) unless ``--max-size`` is passed through.
 ``--before REV`` also runs the tree of git revision REV (``bench_help.unpack_revision``), to compare.
 """
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         print("|---|---|---|---|")
         for name, tree in trees.items():
             env = tree_env(tree)
-            floor, _ = peak_rss([sys.executable, "-c", "import torch, wsss.inference.runner"], tree, env)
+            floor, _ = peak_rss([sys.executable, "-c", "import torch, wsss.inference.folder.runner"], tree, env)
             out = tmp / f"out_{len(name)}"
             cmd = [sys.executable, "tools/infer.py", str(args.checkpoint.resolve()), str(tmp / "in"), str(out),
                    "--scales", "1", "--no-flip", "--workers", "0", "--no-progress", "--device", "cpu",

@@ -3,7 +3,7 @@
 Writes ``--num`` generated images (the toy generator's scenes, resized to ``--size``, 500x375 by default:
 the VOC shape) to a temporary folder, builds a randomly initialised model from each ``--configs`` file
 (``model.pretrained=""``; the timing depends on the architecture, not the weights), saves it as a checkpoint
-and times :func:`wsss.inference.runner.run_inference` (the loop of ``tools/infer.py``: decoding, model, CRF
+and times :func:`wsss.inference.folder.runner.run_inference` (the loop of ``tools/infer.py``: decoding, model, CRF
 pool, writing the masks) in three modes:
 
 - ``single``: scale 1.0, no flip, no CRF;
@@ -49,11 +49,11 @@ import torch
 
 from wsss.config import Config, CrfConfig, load_config
 from wsss.data.classes import load_classes
-from wsss.data.toy_render import TOY_CLASSES, generate_sample
+from wsss.data.toy.render import TOY_CLASSES, generate_sample
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.checkpoint import save_checkpoint
 from wsss.inference.crf import CrfPool, crf_labels
-from wsss.inference.runner import InferenceOptions, run_inference
+from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.models import build_model
 from wsss.utils.fileio import save_image
 

@@ -13,7 +13,7 @@ from tests.conftest import TINY_CLASSES, tiny_config
 from wsss.config import to_dict
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.checkpoint import save_checkpoint
-from wsss.inference.export import save_safetensors
+from wsss.inference.exports.deploy import save_safetensors
 from wsss.model_file import load_checkpoint, model_from_checkpoint, read_model_file, untrained_decoder_warning
 from wsss.models import build_model
 

@@ -5,7 +5,7 @@
 COCO_ROOT holds train2014/ and val2014/ (the images) and annotations/instances_{train,val}2014.json.
 Writes SegmentationClass/, ImageSets/Segmentation/{train,val,val_part}.txt, cls_labels.json and classes.txt
 under COCO_ROOT (81 classes, background 0; 255 where instances of different classes overlap and on crowd
-regions: see wsss/data/coco.py). Re-running resumes: existing masks are kept unless --overwrite.
+regions: see wsss/data/prepare/coco.py). Re-running resumes: existing masks are kept unless --overwrite.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from wsss.config import DataConfig
-from wsss.data.coco import SPLITS, convert_coco
+from wsss.data.prepare.coco import SPLITS, convert_coco
 
 
 def main(argv: list[str] | None = None) -> int:

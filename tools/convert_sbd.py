@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     # with the download to fetch by convert_sbd)
     if error := input_error({}, {"VOC_ROOT": args.voc_root}):
         return refuse(error)
-    from wsss.data.sbd import convert_sbd
+    from wsss.data.prepare.sbd import convert_sbd
 
     try:
         counts = convert_sbd(args.sbd_root, args.voc_root, out_dir=args.out_dir)

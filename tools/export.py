@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(error)
     apply_threads(args.threads)  # the ONNX export traces the model
 
-    from wsss.inference.export import export_onnx, save_safetensors
+    from wsss.inference.exports.deploy import export_onnx, save_safetensors
     from wsss.model_file import checked_model_config, read_model_file
 
     try:

@@ -10,7 +10,7 @@ INPUT is an image file, a folder (every image under it), with --list FILE a fold
 path per line, relative to INPUT), or with --split NAME|FILE a VOC-layout root whose JPEGImages holds the split's
 images. OUTPUT defaults to INPUT_pred beside INPUT (photo.jpg -> photo_pred/). Outputs mirror the input's relative
 paths: masks/ (palette PNG, class indices), overlays/, cams/ (JPEG), logits/ (float16 .npy at 1/4 size),
-labels/ and image_labels.json (the classes present), index.html (--gallery); see wsss/inference/runner.py for the
+labels/ and image_labels.json (the classes present), index.html (--gallery); see wsss/inference/folder/runner.py for the
 layout. The mask holds background and the classes the classifier finds present (infer.mask_classes=present; "all"
 is the reference's argmax over every class). Re-running skips images whose outputs all exist (--overwrite redoes
 them). Symlinks that resolve outside INPUT are skipped by default (a link could expose any file the process can
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # the decoding processes, and the CRF processes when given here (the checkpoint's infer.crf needs torch to read)
     apply_threads(args.threads, args.workers + (args.crf_workers or 0 if args.crf else 0))
     from wsss.config import parse_cfg_options
-    from wsss.inference.runner import InferenceOptions, run_inference
+    from wsss.inference.folder.runner import InferenceOptions, run_inference
     from wsss.utils.distributed import check_launcher, finish_distributed, init_distributed
 
     options = InferenceOptions(

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(error)
     apply_threads(args.threads, args.crf_workers or 0 if args.crf else 0)  # CRF processes given here
     from wsss.config import parse_cfg_options
-    from wsss.inference.pseudo_export import ExportOptions, export_pseudo_labels
+    from wsss.inference.exports.pseudo_labels import ExportOptions, export_pseudo_labels
     from wsss.utils.distributed import check_launcher, finish_distributed, init_distributed
 
     try:

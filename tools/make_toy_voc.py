@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from wsss.data.toy_render import DEFAULT_TOY_VERSION, TOY_CLASSES, TOY_VERSIONS
+from wsss.data.toy.render import DEFAULT_TOY_VERSION, TOY_CLASSES, TOY_VERSIONS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

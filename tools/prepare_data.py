@@ -19,7 +19,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from wsss.data.download import MAX_TIMEOUT_S, FetchOptions, PrepareError, mirror_problem, read_checksums
+from wsss.data.prepare.download import MAX_TIMEOUT_S, FetchOptions, PrepareError, mirror_problem, read_checksums
 from wsss.utils.startup import input_error, refuse
 
 DEFAULTS = FetchOptions()

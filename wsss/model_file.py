@@ -155,7 +155,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 
 def load_safetensors(path: str | Path) -> dict[str, Any]:
-    """Read a ``tools/export.py --safetensors`` file (:func:`wsss.inference.export.save_safetensors`) as a
+    """Read a ``tools/export.py --safetensors`` file (:func:`wsss.inference.exports.deploy.save_safetensors`) as a
     checkpoint dict (``model``, ``config``, ``classes``, ...).
 
     Raises:

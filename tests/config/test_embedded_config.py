@@ -17,7 +17,7 @@ import torch
 from tests.conftest import tiny_config
 from wsss.config import apply_options, dump_config, load_config
 from wsss.engine.checkpoint import save_checkpoint
-from wsss.inference.export import save_safetensors
+from wsss.inference.exports.deploy import save_safetensors
 from wsss.inference.predictor import Segmenter
 from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.models import build_model

@@ -19,7 +19,7 @@ from tools import infer as infer_cli
 from tools import make_pseudo_labels as pseudo_cli
 from wsss.config import Config, ConfigError, from_dict, load_config, parse_cfg_options
 from wsss.engine.checkpoint import save_checkpoint
-from wsss.inference.export import save_safetensors
+from wsss.inference.exports.deploy import save_safetensors
 from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.models import build_model
 

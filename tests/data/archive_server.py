@@ -22,7 +22,7 @@ from scipy.io import savemat
 
 from tests.conftest import write_xml
 from wsss.data.classes import VOC_CLASSES, voc_palette
-from wsss.data.download import Archive
+from wsss.data.prepare.download import Archive
 from wsss.utils.fileio import save_image, save_mask
 
 VOC_TRAIN, VOC_VAL = ["2007_000032", "2007_000039"], ["2007_000033"]

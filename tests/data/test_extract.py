@@ -14,8 +14,8 @@ from dataclasses import replace
 import pytest
 
 from tests.data.archive_server import limit_disk
-from wsss.data.download import FetchOptions, PrepareError
-from wsss.data.extract import extract_archive
+from wsss.data.prepare.download import FetchOptions, PrepareError
+from wsss.data.prepare.extract import extract_archive
 
 OPTS = FetchOptions(progress=False, min_free_bytes=0)
 

@@ -16,7 +16,7 @@ from wsss.data.check import check_dataset
 from wsss.data.paths import UnsafePathError, safe_relative
 from wsss.data.transforms import backbone_mean_std
 from wsss.data.voc import TaggedValDataset, VOCClsDataset, VOCSegDataset, image_file, mask_file
-from wsss.inference.sources import list_split
+from wsss.inference.folder.sources import list_split
 from wsss.utils.fileio import read_image
 
 MEAN_STD = backbone_mean_std("vit_tiny_patch16_224")

@@ -22,10 +22,10 @@ from tools import prepare_data
 from wsss.config import load_config
 from wsss.data import prepare as prepare_module
 from wsss.data.classes import VOC_CLASSES
-from wsss.data.download import Archive, PrepareError
 from wsss.data.labels import load_labels
 from wsss.data.prepare import DATASETS
-from wsss.data.sbd import read_sbd_mat
+from wsss.data.prepare.download import Archive, PrepareError
+from wsss.data.prepare.sbd import read_sbd_mat
 from wsss.utils.fileio import read_mask
 
 REPO = Path(__file__).resolve().parents[2]

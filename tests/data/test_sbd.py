@@ -5,7 +5,7 @@ import pytest
 from scipy.io import savemat
 
 from tools import convert_sbd as convert_sbd_cli
-from wsss.data.sbd import read_sbd_mat
+from wsss.data.prepare.sbd import read_sbd_mat
 from wsss.utils.fileio import read_mask, save_image
 
 

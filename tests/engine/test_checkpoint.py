@@ -22,7 +22,7 @@ from wsss.engine.optim import build_optimizer
 from wsss.engine.resume import find_checkpoint, restore_training_state
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.train import train
-from wsss.inference.export import save_safetensors
+from wsss.inference.exports.deploy import save_safetensors
 from wsss.inference.predictor import Segmenter
 from wsss.model_file import checksum_path, load_checkpoint, model_from_checkpoint, read_model_file
 from wsss.models import build_model

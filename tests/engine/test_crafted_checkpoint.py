@@ -14,7 +14,7 @@ import torch
 from tests.conftest import tiny_config
 from tools import export as export_cli
 from wsss.engine.checkpoint import save_checkpoint
-from wsss.inference.export import save_safetensors
+from wsss.inference.exports.deploy import save_safetensors
 from wsss.inference.predictor import Segmenter
 from wsss.model_file import checksum_path, model_from_checkpoint
 from wsss.models import build_model

@@ -14,9 +14,9 @@ from tests.conftest import tiny_config
 from wsss.config import Config
 from wsss.data.labels import labels_from_masks, save_labels
 from wsss.data.toy import make_toy_voc
-from wsss.data.toy_render import TOY_CLASSES
+from wsss.data.toy.render import TOY_CLASSES
 from wsss.engine.train import train
-from wsss.inference.export import save_safetensors
+from wsss.inference.exports.deploy import save_safetensors
 from wsss.model_file import load_checkpoint
 from wsss.models import backbone as backbone_module
 from wsss.models import build_model

@@ -100,7 +100,7 @@ def test_a_huge_image_is_brought_back_in_bands_within_the_pixel_budget(toy_check
     """An image far over max_size**2 pixels: no tensor at the image's width, in the model input made from it nor in
     the mask, CAMs, probabilities, overlays and logits brought back to its size, holds more rows than a band of
     max_size**2 pixels allows (the Segmenter and run_inference alike); the outputs cover every row."""
-    from wsss.inference.runner import InferenceOptions, run_inference
+    from wsss.inference.folder.runner import InferenceOptions, run_inference
     from wsss.utils.fileio import read_image, read_mask, save_image
 
     root, ckpt = toy_checkpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wsss.inference.batching import SizeBuckets
+from wsss.inference.folder.batching import SizeBuckets
 
 
 def test_size_buckets():

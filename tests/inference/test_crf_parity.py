@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from wsss.config import CrfConfig
-from wsss.inference import permutohedral
-from wsss.inference.crf import dense_crf, dense_crf_batch
+from wsss.inference.crf import dense_crf, dense_crf_batch, permutohedral
 from wsss.inference.predictor import Segmenter
 from wsss.utils.fileio import read_image
 

@@ -15,8 +15,8 @@ import torch
 
 from tests.fake_cuda import REAL_GPU, fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss.evaluation.metrics import ConfusionMatrix
+from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.inference.predictor import Segmenter
-from wsss.inference.runner import InferenceOptions, run_inference
 from wsss.utils.fileio import read_image, read_mask
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), needs_fake_cuda]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tools import export as export_cli
-from wsss.inference.export import SegmentationExport
+from wsss.inference.exports.deploy import SegmentationExport
 from wsss.inference.predictor import Segmenter
 from wsss.model_file import load_checkpoint, load_safetensors, model_from_checkpoint
 from wsss.models.tta import tta_forward

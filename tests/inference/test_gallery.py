@@ -15,9 +15,15 @@ from PIL import Image
 from tests.inference.test_runner import trained  # noqa: F401  (the module-scoped fixture)
 from tools import infer as infer_cli
 from wsss.data.classes import voc_palette
-from wsss.data.toy_render import TOY_CLASSES
-from wsss.inference.gallery import class_cam_paths, find_ground_truth, present_indices, write_class_cams, write_gallery
-from wsss.inference.layout import OutputLayout
+from wsss.data.toy.render import TOY_CLASSES
+from wsss.inference.folder.gallery import (
+    class_cam_paths,
+    find_ground_truth,
+    present_indices,
+    write_class_cams,
+    write_gallery,
+)
+from wsss.inference.folder.layout import OutputLayout
 from wsss.utils.fileio import read_mask, save_image, save_mask
 
 CLASSES = ["background", "c1", "c2", "c3"]

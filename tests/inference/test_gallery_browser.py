@@ -15,7 +15,7 @@ from PIL import Image
 
 from tests.inference.test_gallery import CLASSES, fake_run
 from wsss.data.classes import voc_palette
-from wsss.inference.gallery import write_gallery
+from wsss.inference.folder.gallery import write_gallery
 from wsss.utils.fileio import save_image, save_mask
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")

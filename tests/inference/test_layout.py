@@ -137,8 +137,8 @@ def test_the_merge_names_every_listed_image_no_rank_finished(tmp_path):
     """A run never says "done" with outputs missing: an image no rank accounts for, or whose mask vanished, is
     named as skipped and not counted."""
     from wsss.data.folder import Skipped
-    from wsss.inference.layout import OutputLayout
-    from wsss.inference.merge import RankPart, merge_parts
+    from wsss.inference.folder.layout import OutputLayout
+    from wsss.inference.folder.merge import RankPart, merge_parts
 
     layout = OutputLayout(tmp_path, ["masks", "labels"])
     for rel in ("a.jpg", "b.jpg"):
@@ -158,9 +158,9 @@ def test_the_merge_after_a_stop_names_no_unreached_image(tmp_path):
     looking for inputs that changed."""
     import errno
 
-    from wsss.inference.layout import OutputLayout
-    from wsss.inference.merge import RankPart, merge_parts
-    from wsss.inference.sources import OutputError
+    from wsss.inference.folder.layout import OutputLayout
+    from wsss.inference.folder.merge import RankPart, merge_parts
+    from wsss.inference.folder.sources import OutputError
 
     layout = OutputLayout(tmp_path, ["masks", "labels"])
     path = layout.paths("a.jpg")["masks"]
@@ -175,8 +175,8 @@ def test_the_merge_after_a_stop_names_no_unreached_image(tmp_path):
 def test_image_labels_hold_only_entries_of_the_runs_classes(tmp_path):
     """A labels/ entry left by an earlier run with another checkpoint (other classes) is not merged into
     image_labels.json, whose class list is this run's: its names would index other classes."""
-    from wsss.inference.layout import OutputLayout
-    from wsss.inference.merge import InferenceSummary, write_run_files
+    from wsss.inference.folder.layout import OutputLayout
+    from wsss.inference.folder.merge import InferenceSummary, write_run_files
 
     layout = OutputLayout(tmp_path, ["masks", "labels"])
     classes = ["background", "cat", "dog"]
@@ -199,8 +199,8 @@ def test_two_inputs_with_one_output_name_keep_the_first(tmp_path):
     images write one file (the listing is decided once, before it is shared out among ranks)."""
     import numpy as np
 
-    from wsss.inference.layout import OutputLayout
-    from wsss.inference.plan import list_inputs
+    from wsss.inference.folder.layout import OutputLayout
+    from wsss.inference.folder.plan import list_inputs
     from wsss.utils.fileio import save_image
 
     inp = tmp_path / "in"
@@ -215,7 +215,7 @@ def test_two_inputs_with_one_output_name_keep_the_first(tmp_path):
 def test_a_symlinked_kind_folder_is_not_cleaned(tmp_path):
     """The start-of-run clean-up never enters a kind folder that is a symlink: the temporaries in its target (another
     run's folder, anything the link points to) are not OUTPUT's. A real kind folder's are removed."""
-    from wsss.inference.layout import OutputLayout
+    from wsss.inference.folder.layout import OutputLayout
     from wsss.utils.fileio import temporary_prefix
 
     dead = dead_pid()

@@ -1,12 +1,12 @@
-"""The inference loop (wsss/inference/loop.py) without a model: what it says about an image it cannot read."""
+"""The inference loop (wsss/inference/folder/loop.py) without a model: what it says about an image it cannot read."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from wsss.inference.loop import InferenceLoop, LoopSetup
-from wsss.inference.merge import InferenceSummary
-from wsss.inference.sources import Source
+from wsss.inference.folder.loop import InferenceLoop, LoopSetup
+from wsss.inference.folder.merge import InferenceSummary
+from wsss.inference.folder.sources import Source
 
 
 def test_an_unreadable_image_is_skipped_with_one_wording(tmp_path: Path):

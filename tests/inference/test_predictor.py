@@ -287,7 +287,7 @@ def test_cli_on_one_image_prints_its_classes_and_scores(toy_checkpoint, tmp_path
 
     from PIL import Image
 
-    from wsss.inference.visualize import cam_legend
+    from wsss.inference.folder.visualize import cam_legend
 
     root, ckpt_path = toy_checkpoint
     image = tmp_path / "photo.jpg"

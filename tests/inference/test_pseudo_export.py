@@ -24,7 +24,7 @@ from wsss.data.transforms import normalize
 from wsss.data.voc import read_split
 from wsss.engine.step import pseudo_label_targets
 from wsss.inference.crf import crf_labels
-from wsss.inference.pseudo_export import DENSE_DIR, PSEUDO_DIR, pseudo_masks
+from wsss.inference.exports.pseudo_labels import DENSE_DIR, PSEUDO_DIR, pseudo_masks
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint
 from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks, refine_cams_with_par

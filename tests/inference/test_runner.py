@@ -16,10 +16,10 @@ from PIL import Image
 
 from tools import eval as eval_cli
 from tools import infer as infer_cli
-from wsss.data.toy_render import TOY_CLASSES
-from wsss.inference import loop
-from wsss.inference.runner import InferenceOptions, run_inference
-from wsss.inference.sources import list_split
+from wsss.data.toy.render import TOY_CLASSES
+from wsss.inference.folder import loop
+from wsss.inference.folder.runner import InferenceOptions, run_inference
+from wsss.inference.folder.sources import list_split
 from wsss.utils import fileio
 from wsss.utils.fileio import read_mask, temporary_prefix
 

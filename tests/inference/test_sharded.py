@@ -188,7 +188,7 @@ LIBRARY_RANK = """
 import json, os, sys, time
 from pathlib import Path
 
-from wsss.inference.runner import InferenceOptions, run_inference
+from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.utils.distributed import finish_distributed, init_distributed
 
 info = init_distributed("cpu")

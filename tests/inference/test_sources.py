@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from wsss.inference.sources import list_folder, list_split, safe_relative
+from wsss.inference.folder.sources import list_folder, list_split, safe_relative
 
 
 def test_safe_relative():

@@ -8,7 +8,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from wsss.data.classes import voc_palette
-from wsss.inference.visualize import (
+from wsss.inference.folder.visualize import (
     TITLE_HEIGHT,
     cam_legend,
     cam_overlay,

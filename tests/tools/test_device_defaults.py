@@ -25,7 +25,7 @@ def test_infer_and_eval_default_to_cuda_when_available(monkeypatch, tmp_path, cu
 
     # the tools import these once their arguments parse: patched where they are defined
     monkeypatch.setattr(
-        "wsss.inference.runner.run_inference",
+        "wsss.inference.folder.runner.run_inference",
         lambda ckpt, src, out, split, options, device, *rest: record(device=device),
     )
     monkeypatch.setattr("wsss.evaluation.folders.evaluate_folders", lambda *args, **kwargs: record(**kwargs))

@@ -313,7 +313,8 @@ class CrfConfig(Section):
     KEY = "infer.crf"
 
     backend: str = choice("torch", "pydensecrf")
-    """``torch``: the mean-field over a permutohedral lattice in PyTorch (:mod:`wsss.inference.permutohedral`), on the
+    """``torch``: the mean-field over a permutohedral lattice in PyTorch (:mod:`wsss.inference.crf.permutohedral`),
+    on the
     device of the probabilities, many images per call; ``pydensecrf``: the reference C++ (pydensecrf2, which must be
     installed and needs a compiler to install), in ``workers`` processes. docs/reference.md row 19."""
     gaussian_sxy: float = bounded(1.0, POSITIVE)

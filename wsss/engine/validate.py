@@ -24,7 +24,7 @@ from wsss.data.transforms import denormalize
 from wsss.data.voc import SkipUnreadable, TaggedValDataset, VOCSegDataset, collate_list
 from wsss.evaluation.classification import multilabel_scores
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
-from wsss.inference.visualize import cam_overlay, mask_overlay, titled_panels
+from wsss.inference.folder.visualize import cam_overlay, mask_overlay, titled_panels
 from wsss.models.segmentor import WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels

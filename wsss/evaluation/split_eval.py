@@ -1,7 +1,7 @@
 """Score a checkpoint on a config's validation split (``tools/test.py``, mmseg's ``tools/test.py`` spelling), or
 format its masks of a split without ground truth for the VOC server (``--format-only``).
 
-The predictions come from :func:`wsss.inference.runner.run_inference` (the same masks ``tools/infer.py`` writes)
+The predictions come from :func:`wsss.inference.folder.runner.run_inference` (the same masks ``tools/infer.py`` writes)
 and are scored as :func:`wsss.evaluation.folders.evaluate_folders` scores them (the same numbers ``tools/eval.py``
 prints). As in mmseg, three folders can be named: the run folder (``metrics.json``), ``out`` (the predicted masks)
 and ``show_dir`` (the painted images and their gallery); the checkpoint's own folder is only read.
@@ -28,9 +28,9 @@ from wsss.evaluation.folders import index_masks, iter_mask_pairs, save_metrics_j
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.evaluation.protocol import EvalProtocol, is_voc
 from wsss.evaluation.voc_submission import ARCHIVE_NAME, Submission, write_archive, write_submission
-from wsss.inference.layout import OutputLayout
-from wsss.inference.runner import InferenceOptions, InferenceSummary, run_inference
-from wsss.inference.sources import writing
+from wsss.inference.folder.layout import OutputLayout
+from wsss.inference.folder.runner import InferenceOptions, InferenceSummary, run_inference
+from wsss.inference.folder.sources import writing
 from wsss.model_file import model_settings_warning, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, init_distributed, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text

@@ -18,7 +18,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from wsss.inference.sources import writing
+from wsss.inference.folder.sources import writing
 from wsss.utils.fileio import atomic_write_bytes
 
 RESULTS_DIR = "results/VOC2012/Segmentation/comp6_test_cls"

@@ -32,7 +32,7 @@ so the mask matches the image's pixels), or a uint8 array of shape (H, W), (H, W
 RGBA, in any memory layout.
 
 Every option defaults to the checkpoint's config (``infer.*``). ``tools/infer.py`` and
-:func:`wsss.inference.runner.run_inference` run through :meth:`Segmenter.run_batch`, as :meth:`Segmenter.predict`
+:func:`wsss.inference.folder.runner.run_inference` run through :meth:`Segmenter.run_batch`, as :meth:`Segmenter.predict`
 does, so the library and the CLI share one inference path.
 
 Memory: the model sees an image with its longest side at most :func:`longest_side` (``infer.max_size``, and in any

@@ -1,7 +1,8 @@
 """A folder owned by one run: an exclusive ``flock`` on a lock file in it, held while the run writes there.
 
 :func:`hold_lock` is what makes a training work dir (``train.lock``, :mod:`wsss.engine.workdir`) and a pseudo-label
-export's OUT (``export.lock``, :mod:`wsss.inference.pseudo_export`) one run's: a second run stops at once, naming the
+export's OUT (``export.lock``, :mod:`wsss.inference.exports.pseudo_labels`) one run's: a second run stops at once,
+naming the
 holder's PID and host, instead of interleaving its files with the first's. The file is deleted when the run ends,
 finished or failed; the kernel releases the lock when the process ends, however it ends (a killed run leaves the
 file, unlocked, and the next run takes it). A run that opened the file just before its holder deleted it sees that

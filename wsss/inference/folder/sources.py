@@ -8,7 +8,7 @@ image there is skipped with its reason.
 
 An output never lands on an input: OUTPUT equal to INPUT, or INPUT inside one of OUTPUT's output folders
 (``proj/thumbs`` with OUTPUT ``proj``), is refused before anything is written
-(:meth:`~wsss.inference.layout.OutputLayout.check_input`), and an image one of whose output paths is an input
+(:meth:`~wsss.inference.folder.layout.OutputLayout.check_input`), and an image one of whose output paths is an input
 file (a link followed with ``follow_symlinks``) is skipped (:func:`input_files`, :func:`overwritten_input`).
 Outputs are written through :func:`writing`, which names the file that failed (a full disk) in one line.
 """
@@ -28,7 +28,7 @@ from PIL import Image
 from wsss.data.folder import Skipped, scan_folder
 from wsss.data.paths import followable, inside, safe_relative
 from wsss.data.voc import IMAGE_SUFFIXES, read_split, resolve_split
-from wsss.inference.layout import OutputLayout
+from wsss.inference.folder.layout import OutputLayout
 from wsss.utils.distributed import all_gather_objects, balanced_shards, rank_and_world
 
 __all__ = [

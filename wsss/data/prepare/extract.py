@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
-from wsss.data.download import FetchOptions, PrepareError, ensure_free_space, room_problem
+from wsss.data.prepare.download import FetchOptions, PrepareError, ensure_free_space, room_problem
 
 __all__ = ["extract_archive"]
 

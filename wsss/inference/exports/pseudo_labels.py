@@ -25,11 +25,12 @@ equals eval mode when ``model.drop_path_rate`` is 0 and there is no dropout, the
 train mode would make the masks random. ``train.cam_dtype`` (bf16 on a GPU) is a training speed option and is not
 followed here.
 
-Sharding: every rank lists the same sorted ids and takes :func:`~wsss.inference.sources.own_shard` of them (balanced
+Sharding: every rank lists the same sorted ids and takes :func:`~wsss.inference.folder.sources.own_shard` of them
+(balanced
 by pixels); each mask is written atomically, and an image whose two masks exist is skipped unless ``overwrite``, so a
 re-run, with the same or another number of ranks, finishes the rest. Rank 0 gathers what every rank did and writes
 the split file, ``image_labels.json``, ``summary.json`` and the second-stage configs
-(:mod:`wsss.inference.second_stage`).
+(:mod:`wsss.inference.exports.second_stage`).
 
 OUT never holds two kinds of masks under one ``run.json``:
 
@@ -71,8 +72,8 @@ from wsss.data.folder import Skipped
 from wsss.data.transforms import denormalize, normalize
 from wsss.data.voc import VOCClsDataset, mask_file
 from wsss.inference.crf import CrfPool
-from wsss.inference.second_stage import write_second_stage
-from wsss.inference.sources import Source, own_shard, writing
+from wsss.inference.exports.second_stage import write_second_stage
+from wsss.inference.folder.sources import Source, own_shard, writing
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR

@@ -1,4 +1,4 @@
-"""What a :func:`wsss.inference.runner.run_inference` run will do, decided before any image is read: the images
+"""What a :func:`wsss.inference.folder.runner.run_inference` run will do, decided before any image is read: the images
 (listed once, on rank 0, and sent to every rank), the images skipped with their reasons, the output folder
 prepared (rank 0), and each rank's images to run and images already done.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from wsss.data.folder import Skipped
-from wsss.inference.gallery import find_ground_truth
-from wsss.inference.layout import OutputLayout
-from wsss.inference.sources import (
+from wsss.inference.folder.gallery import find_ground_truth
+from wsss.inference.folder.layout import OutputLayout
+from wsss.inference.folder.sources import (
     Source,
     input_files,
     inside,
@@ -42,7 +42,8 @@ class Listing:
         sources: The images, sorted, with no two writing one file and every name writable.
         skipped: Files listed but not read, with the reason (unsafe, not an image, a name clash, too long a name).
         truth: The ground-truth mask of each image that has one (a VOC split).
-        inputs: The files behind ``sources`` and ``truth`` by identity (:func:`~wsss.inference.sources.input_files`).
+        inputs: The files behind ``sources`` and ``truth`` by identity
+        (:func:`~wsss.inference.folder.sources.input_files`).
     """
 
     sources: list[Source]

@@ -44,7 +44,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from wsss.data.classes import voc_palette
-from wsss.data.toy_render import (
+from wsss.data.toy.render import (
     DEFAULT_TOY_VERSION,
     IGNORE_INDEX,
     TOY_CLASSES,

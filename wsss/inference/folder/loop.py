@@ -1,7 +1,8 @@
-"""The inference loop of one rank (:func:`wsss.inference.runner.run_inference`): decoding, batching, the model,
+"""The inference loop of one rank (:func:`wsss.inference.folder.runner.run_inference`): decoding, batching, the model,
 the dense CRF jobs, and the outputs of each image.
 
-Batching (:mod:`wsss.inference.batching`): a batch holds images of one size. Each scale of a batch of ``n`` images
+Batching (:mod:`wsss.inference.folder.batching`): a batch holds images of one size. Each scale of a batch of ``n``
+images
 is one forward pass of ``2n`` (with flip). Results are identical to ``batch_size=1`` up to float rounding.
 
 Each image's files are written in an order that makes the mask the mark of a finished image: its logits, then,
@@ -37,12 +38,12 @@ from tqdm import tqdm
 from wsss.config import CrfConfig
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped
-from wsss.inference.batching import ImageList, SizeBuckets, identity
 from wsss.inference.crf import CrfPool
-from wsss.inference.gallery import write_class_cams
+from wsss.inference.folder.batching import ImageList, SizeBuckets, identity
+from wsss.inference.folder.gallery import write_class_cams
+from wsss.inference.folder.sources import Source, save_output
+from wsss.inference.folder.visualize import cam_legend, cam_overlay, cam_peaks, draw_cam_legend, mask_overlay, thumbnail
 from wsss.inference.predictor import BatchOutputs, Segmenter
-from wsss.inference.sources import Source, save_output
-from wsss.inference.visualize import cam_legend, cam_overlay, cam_peaks, draw_cam_legend, mask_overlay, thumbnail
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
 from wsss.utils.lifetime import die_with_parent
 
@@ -104,7 +105,7 @@ class CrfJobs:
 
 @dataclass
 class LoopSetup:
-    """What the inference loop needs besides the images, as :func:`~wsss.inference.runner.run_inference` resolved
+    """What the inference loop needs besides the images, as :func:`~wsss.inference.folder.runner.run_inference` resolved
     it.
 
     Attributes:
@@ -242,7 +243,7 @@ class InferenceLoop:
 def _cam_picture(pred: BatchOutputs, i: int, present: Tensor, raw: np.ndarray, classes: list[str]) -> np.ndarray:
     """The full-size CAM picture of image ``i``: the heatmap of the max over the ``present`` classes' CAMs blended
     over ``raw`` (a band of rows at a time), under a band naming those classes with their scores and showing the
-    colour scale, each class named at its CAM's peak (:func:`~wsss.inference.visualize.cam_legend`)."""
+    colour scale, each class named at its CAM's peak (:func:`~wsss.inference.folder.visualize.cam_legend`)."""
     shown = present.nonzero()[:, 0].tolist()
     height, width = raw.shape[:2]
     peaks = cam_peaks(pred.out.cam[i, present.to(pred.out.cam.device)], (height, width))

@@ -1,4 +1,5 @@
-"""The configs that train a fully supervised segmenter on exported pseudo labels (:mod:`wsss.inference.pseudo_export`).
+"""The configs that train a fully supervised segmenter on exported pseudo labels
+(:mod:`wsss.inference.exports.pseudo_labels`).
 
 Two mmseg config files go beside the masks::
 

@@ -1,6 +1,6 @@
 """The output folder of ``tools/infer.py``: every path under OUTPUT, what is finished, what is a temporary.
 
-:class:`OutputLayout` is the one owner of that layout (:mod:`wsss.inference.runner` lists the files). Each kind
+:class:`OutputLayout` is the one owner of that layout (:mod:`wsss.inference.folder.runner` lists the files). Each kind
 of :data:`OUTPUT_KINDS` is a folder that mirrors the inputs' relative paths; the run files (``run.json``,
 ``summary.json``, ``image_labels.json``, ``index.html``) lie at the top. An image is finished when every file of
 the kinds the run writes exists (the mask, written last, marks it).

@@ -1,4 +1,4 @@
-"""The end of a :func:`wsss.inference.runner.run_inference` run: every rank's part merged into one summary that
+"""The end of a :func:`wsss.inference.folder.runner.run_inference` run: every rank's part merged into one summary that
 accounts for every listed image, and the run files rank 0 writes (``image_labels.json``, the gallery,
 ``summary.json``)."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from wsss.data.folder import Skipped
-from wsss.inference.gallery import present_indices, write_gallery
-from wsss.inference.layout import OutputLayout
-from wsss.inference.sources import FULL_DISK, OutputError, save_output
+from wsss.inference.folder.gallery import present_indices, write_gallery
+from wsss.inference.folder.layout import OutputLayout
+from wsss.inference.folder.sources import FULL_DISK, OutputError, save_output
 from wsss.utils.fileio import atomic_write_text
 
 __all__ = ["InferenceSummary", "RankPart", "image_line", "merge_parts", "stopped", "write_run_files"]

@@ -11,7 +11,7 @@ under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive
     overlays/<rel>.jpg    mask blended over the image (--overlay)
     cams/<rel>.jpg        CAM heatmap over the image (--cams): max over the present classes, under a band naming
                           them with their scores and the heatmap's colour bar (0 to 1), each class named at its
-                          CAM's peak (:func:`~wsss.inference.visualize.cam_legend`)
+                          CAM's peak (:func:`~wsss.inference.folder.visualize.cam_legend`)
     logits/<rel>.npy      (C, ceil(H/4), ceil(W/4)) float16 TTA logits at 1/4 resolution (--logits);
                           bilinear (align_corners=False) upsampling to (H, W) recovers the full map
     thumbs/<rel>.jpg      input thumbnail, longest side 256 (--gallery)
@@ -31,14 +31,15 @@ under OUTPUT, mirroring each image's path relative to INPUT (a folder, recursive
     image_labels.json     every image's labels/ entry in one file, merged at the end of each run
     run.json              the settings of the last run; summary.json: what it did
 
-``<rel>`` is the input's relative path with its extension replaced; :class:`~wsss.inference.layout.OutputLayout`
+``<rel>`` is the input's relative path with its extension replaced; :class:`~wsss.inference.folder.layout.OutputLayout`
 owns this layout. Every file is written atomically; the temporaries a killed run of this host left behind in these
-folders are removed at the start of the next, and nothing else is ever deleted (see :mod:`wsss.inference.layout`).
+folders are removed at the start of the next, and nothing else is ever deleted (see
+:mod:`wsss.inference.folder.layout`).
 An image whose requested outputs all exist is skipped (not even decoded) unless ``overwrite``.
 
-A run is three steps, each its own module: the plan (:mod:`wsss.inference.plan`: list the images, prepare OUTPUT,
-split off the images already done), the loop (:mod:`wsss.inference.loop`: batching, the model, the dense CRF,
-the files of each image) and the merge (:mod:`wsss.inference.merge`: one summary, ``image_labels.json``, the
+A run is three steps, each its own module: the plan (:mod:`wsss.inference.folder.plan`: list the images, prepare OUTPUT,
+split off the images already done), the loop (:mod:`wsss.inference.folder.loop`: batching, the model, the dense CRF,
+the files of each image) and the merge (:mod:`wsss.inference.folder.merge`: one summary, ``image_labels.json``, the
 gallery, ``summary.json``).
 
 Dense CRF (``crf=True``): softmax of the TTA logits of the classes the mask may hold, then
@@ -46,7 +47,7 @@ Dense CRF (``crf=True``): softmax of the TTA logits of the classes the mask may 
 go through one batched CRF call on the model's device. With ``pydensecrf`` the jobs go to ``CrfConfig.workers``
 processes as soon as an image's logits exist and its mask is written when the job finishes, so the model loop
 does not wait for the CRF (it waits only when more than ``2 * workers + batch_size`` jobs are queued, to bound
-memory). Both in :class:`~wsss.inference.loop.CrfJobs`.
+memory). Both in :class:`~wsss.inference.folder.loop.CrfJobs`.
 
 Size cap: the model sees every image with its longest side at most ``max_size`` (``infer.max_size``, default
 1024; 0: no cap of its own), and never a side over 2048 px at the largest TTA scale
@@ -65,14 +66,14 @@ place; a re-run finishes the rest.
 
 A full disk: the run stops at the first output that cannot be written, still writes ``image_labels.json``, the
 gallery and ``summary.json`` for the images finished (where space allows) and raises
-:class:`~wsss.inference.sources.OutputError`, one line naming the file and what was kept.
+:class:`~wsss.inference.folder.sources.OutputError`, one line naming the file and what was kept.
 
-Path safety (and why an output never lands on an input): see :mod:`wsss.inference.sources`.
+Path safety (and why an output never lands on an input): see :mod:`wsss.inference.folder.sources`.
 
 Under ``torchrun`` (``tools/infer.py --launcher pytorch``): rank 0 lists the images, drops name collisions and
 names too long, and sends that one listing to every rank (a file renamed or added while the ranks start changes
 nothing: every rank works on the same list); rank 0 prepares OUTPUT (stale temporaries, ``run.json``) while the
-others wait; each rank then takes its share (:func:`~wsss.inference.sources.own_shard`: balanced by pixels, the
+others wait; each rank then takes its share (:func:`~wsss.inference.folder.sources.own_shard`: balanced by pixels, the
 same split whatever is already written) and runs the loop above on it with its own decoders and CRF pool; the
 parts are gathered and every listed image ends finished or named as skipped (a file gone by the time its rank reads
 it is skipped, unreadable); rank 0 writes ``image_labels.json``, the gallery and ``summary.json``, and every rank
@@ -95,12 +96,12 @@ from typing import Any
 import torch
 
 from wsss.config import ConfigError, apply_options
-from wsss.inference.layout import OutputLayout
-from wsss.inference.loop import CrfJobs, InferenceLoop, LoopSetup
-from wsss.inference.merge import InferenceSummary, RankPart, merge_parts, stopped, write_run_files
-from wsss.inference.plan import list_inputs, prepare_output, split_done
+from wsss.inference.folder.layout import OutputLayout
+from wsss.inference.folder.loop import CrfJobs, InferenceLoop, LoopSetup
+from wsss.inference.folder.merge import InferenceSummary, RankPart, merge_parts, stopped, write_run_files
+from wsss.inference.folder.plan import list_inputs, prepare_output, split_done
+from wsss.inference.folder.sources import OutputError, own_shard
 from wsss.inference.predictor import Segmenter, longest_side
-from wsss.inference.sources import OutputError, own_shard
 from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
 
@@ -205,7 +206,7 @@ def run_inference(
         options: What to compute and write.
         device: Where the model runs.
         list_path: A text file of image paths under ``input_path``, one per line
-            (:func:`~wsss.inference.sources.list_file`).
+            (:func:`~wsss.inference.folder.sources.list_file`).
 
     Returns:
         The :class:`InferenceSummary` (also written to ``output/summary.json``).
@@ -213,7 +214,8 @@ def run_inference(
     Raises:
         FileNotFoundError: The checkpoint, the input folder or the split is missing.
         ValueError: An option out of range, an OUTPUT where an output could land on an input
-            (:meth:`~wsss.inference.layout.OutputLayout.check_input`), or the checkpoint is not a wsss checkpoint.
+            (:meth:`~wsss.inference.folder.layout.OutputLayout.check_input`), or the checkpoint is not a wsss
+            checkpoint.
         OutputError: An output could not be written (a full disk); the run stopped there, the images before it
             are complete and ``summary.json`` says so where it could be written.
     """

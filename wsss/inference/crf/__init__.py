@@ -9,7 +9,7 @@ Potts compatibility and symmetric normalisation; ``iterations`` mean-field steps
 Two backends (``CrfConfig.backend``):
 
 - ``torch`` (default): the same algorithm in PyTorch over a permutohedral lattice
-  (:mod:`wsss.inference.permutohedral`), on the device of the probabilities, many images of any sizes per call
+  (:mod:`wsss.inference.crf.permutohedral`), on the device of the probabilities, many images of any sizes per call
   (:func:`dense_crf_batch`). Nothing to compile. Its marginals equal pydensecrf's to float32 precision
   (tests/inference/test_crf_parity.py; docs/reference.md row 19).
 - ``pydensecrf``: the reference C++ (pydensecrf2, source-only on PyPI: installing it needs a compiler), single
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from wsss.config import CrfConfig
-from wsss.inference.permutohedral import build_lattice
+from wsss.inference.crf.permutohedral import build_lattice
 from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.utils.lifetime import die_with_parent
 

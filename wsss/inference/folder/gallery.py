@@ -30,9 +30,9 @@ from PIL import Image
 from torch import Tensor
 
 from wsss.data.classes import voc_palette
-from wsss.inference.layout import OutputLayout
-from wsss.inference.sources import writing
-from wsss.inference.visualize import cam_thumbnails, resize_labels
+from wsss.inference.folder.layout import OutputLayout
+from wsss.inference.folder.sources import writing
+from wsss.inference.folder.visualize import cam_thumbnails, resize_labels
 from wsss.utils.fileio import atomic_write_text, read_mask, save_image, save_mask
 
 __all__ = [
@@ -74,7 +74,7 @@ def present_indices(entry: dict, classes: Sequence[str]) -> list[int]:
 
 
 def class_cam_paths(output: Path, rel: str, indices: Sequence[int]) -> dict[int, Path]:
-    """:meth:`~wsss.inference.layout.OutputLayout.class_cam_paths` under ``output``."""
+    """:meth:`~wsss.inference.folder.layout.OutputLayout.class_cam_paths` under ``output``."""
     return OutputLayout(output).class_cam_paths(rel, indices)
 
 
@@ -87,7 +87,7 @@ def write_class_cams(output: Path, rel: str, thumb: np.ndarray, cams: Tensor, in
         rel: The input's relative path.
         thumb: (th, tw, 3) uint8 thumbnail the CAMs are blended over.
         cams: (K, h, w) CAMs in [0, 1] at the model's resolution
-            (:func:`~wsss.inference.visualize.cam_thumbnails`).
+            (:func:`~wsss.inference.folder.visualize.cam_thumbnails`).
         indices: The K class indices.
 
     Raises:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from wsss.inference.sources import writing
+from wsss.inference.folder.sources import writing
 from wsss.model_file import EXPORT_METADATA_KEYS, model_from_checkpoint
 from wsss.models.segmentor import WSSSModel, resize_to_image
 from wsss.utils.fileio import atomic_write_bytes

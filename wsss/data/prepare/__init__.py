@@ -2,11 +2,11 @@
 
 The steps, in order, each skipped on a re-run once finished:
 
-1. per archive: fetch it (:mod:`wsss.data.download`: the user's folder, a mirror or the official address;
-   checksum checked) and unpack it (:mod:`wsss.data.extract`: safe, all-or-nothing);
-2. VOC: SBD's masks and the ``train_aug`` split (:func:`wsss.data.sbd.convert_sbd`), then the image-level labels
+1. per archive: fetch it (:mod:`wsss.data.prepare.download`: the user's folder, a mirror or the official address;
+   checksum checked) and unpack it (:mod:`wsss.data.prepare.extract`: safe, all-or-nothing);
+2. VOC: SBD's masks and the ``train_aug`` split (:func:`wsss.data.prepare.sbd.convert_sbd`), then the image-level labels
    from the XML annotations (:func:`wsss.data.labels.make_label_file`); COCO: masks, splits, labels and class
-   list (:func:`wsss.data.coco.convert_coco`);
+   list (:func:`wsss.data.prepare.coco.convert_coco`);
 3. the dataset check of ``tools/check_dataset.py`` (:func:`wsss.data.check.check_dataset`).
 
 A finished step leaves ``ROOT/.prepare/<dataset>/<step>.json`` listing its outputs; it counts as finished while
@@ -24,11 +24,11 @@ from pathlib import Path
 
 from wsss.config import DataConfig
 from wsss.data.check import check_dataset
-from wsss.data.coco import SPLITS, convert_coco
-from wsss.data.download import Archive, FetchOptions, PrepareError, fetch_archive, read_record
-from wsss.data.extract import extract_archive
 from wsss.data.labels import make_label_file
-from wsss.data.sbd import convert_sbd
+from wsss.data.prepare.coco import SPLITS, convert_coco
+from wsss.data.prepare.download import Archive, FetchOptions, PrepareError, fetch_archive, read_record
+from wsss.data.prepare.extract import extract_archive
+from wsss.data.prepare.sbd import convert_sbd
 from wsss.utils.fileio import atomic_write_text
 
 __all__ = ["DATASETS", "Dataset", "prepare"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from wsss.inference.sources import Source
+from wsss.inference.folder.sources import Source
 from wsss.utils.fileio import read_image
 
 BUCKET_WINDOW = 4
