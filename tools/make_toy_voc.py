@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     # after parsing: --help and usage errors come at once
-    from wsss.data.toy import make_toy_voc, save_contact_sheet, toy_voc_is_complete
+    from wsss.data.toy.dataset import make_toy_voc, save_contact_sheet, toy_voc_is_complete
 
     if args.num_train < 1 or args.num_val < 1:
         print(f"error: need --num-train and --num-val >= 1, got {args.num_train} and {args.num_val}")

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = FetchOptions(archive_dir=args.archives, mirror=args.mirror, timeout=args.timeout,
                         progress=not args.no_progress)  # fmt: skip
     try:
-        from wsss.data.prepare import DATASETS, prepare
+        from wsss.data.prepare.pipeline import DATASETS, prepare
 
         archives = DATASETS[args.dataset].archives
         if args.checksums is not None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from wsss.config import fits_float, load_config, parse_cfg_options
-from wsss.data.prepare import DATASETS
+from wsss.data.prepare.pipeline import DATASETS
 from wsss.evaluation.protocol import run_dir_name
 from wsss.utils.fileio import atomic_write_text
 

@@ -20,11 +20,11 @@ from tests.data.archive_server import TRAIN_AUG, ArchiveServer, make_coco_archiv
 from tools import check_dataset as check_dataset_cli
 from tools import prepare_data
 from wsss.config import load_config
-from wsss.data import prepare as prepare_module
 from wsss.data.classes import VOC_CLASSES
 from wsss.data.labels import load_labels
-from wsss.data.prepare import DATASETS
+from wsss.data.prepare import pipeline as prepare_module
 from wsss.data.prepare.download import Archive, PrepareError
+from wsss.data.prepare.pipeline import DATASETS
 from wsss.data.prepare.sbd import read_sbd_mat
 from wsss.utils.fileio import read_mask
 

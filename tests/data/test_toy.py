@@ -12,7 +12,7 @@ from PIL import Image
 from tools.make_toy_voc import main
 from wsss.data.classes import load_classes, voc_palette
 from wsss.data.labels import labels_from_masks, labels_from_xml
-from wsss.data.toy import META_FILE, annotation_xml, make_toy_voc, save_contact_sheet, toy_voc_is_complete
+from wsss.data.toy.dataset import META_FILE, annotation_xml, make_toy_voc, save_contact_sheet, toy_voc_is_complete
 from wsss.data.toy.render import (
     CLASS_HUES,
     CLASS_TEXTURES,

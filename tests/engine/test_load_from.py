@@ -13,7 +13,7 @@ import torch
 from tests.conftest import tiny_config
 from wsss.config import Config
 from wsss.data.labels import labels_from_masks, save_labels
-from wsss.data.toy import make_toy_voc
+from wsss.data.toy.dataset import make_toy_voc
 from wsss.data.toy.render import TOY_CLASSES
 from wsss.engine.train import train
 from wsss.inference.exports.deploy import save_safetensors

@@ -12,7 +12,7 @@ import torch
 from tests.conftest import tiny_config
 from tools import pretrain as pretrain_cli
 from wsss.data.labels import labels_from_masks, save_labels
-from wsss.data.toy import TOY_CLASSES, make_toy_voc
+from wsss.data.toy.dataset import TOY_CLASSES, make_toy_voc
 from wsss.engine import pretrain as pretrain_module
 from wsss.engine.pretrain import BACKBONE_FILE, STATE_FILE, ImageClassifier, pretrain
 from wsss.models import build_model

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import tiny_config
 from wsss.data.labels import labels_from_masks, save_labels
-from wsss.data.toy import make_toy_voc
+from wsss.data.toy.dataset import make_toy_voc
 from wsss.data.toy.render import TOY_CLASSES
 from wsss.engine.train import train
 

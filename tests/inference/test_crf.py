@@ -240,7 +240,7 @@ def test_the_lattice_is_built_on_the_device_of_the_features(monkeypatch):
     constructor is replaced by one that returns its parts, on both devices; the sparse products are compared with the
     CPU on a real GPU by `make gpu-check`. A CPU tensor among the ``cuda`` ones (such as the vertex offsets made
     without ``device=``) raises here as on a GPU."""
-    from wsss.inference import permutohedral as lattice
+    from wsss.inference.crf import permutohedral as lattice
 
     monkeypatch.setattr(torch, "sparse_csr_tensor", lambda crow, col, values, size, **_: (crow, col, values, size))
     image, _ = colour_noise_case(seed=3, height=23, width=29)  # 667 pixels: padded

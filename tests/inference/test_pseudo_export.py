@@ -274,7 +274,7 @@ def test_resume_on_two_ranks_after_one(exported, tmp_path):
 def test_a_killed_export_resumed_with_other_settings_is_refused(exported, tmp_path, monkeypatch, capsys):
     """Issue 31, 1.2: masks of a killed export (one image half written; an --overwrite run with other settings
     stopped after one image) never mix with masks of other settings under one run.json."""
-    from wsss.inference import pseudo_export
+    from wsss.inference.exports import pseudo_labels as pseudo_export
 
     root, ckpt, done = exported
     other = ["--cfg-options", "cam.fg_thresh=0.6"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_same_files
-from wsss.data.toy import make_toy_voc
+from wsss.data.toy.dataset import make_toy_voc
 from wsss.utils.distributed import balanced_shards
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_a_killed_rank_ends_the_job_and_a_rerun_with_other_ranks_completes(photo
     dying.write_text(textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(REPO)!r})
-        from wsss.inference import loop
+        from wsss.inference.folder import loop
         from tools import infer
 
         real = loop.save_mask
@@ -143,7 +143,7 @@ def test_every_rank_works_on_rank_0s_listing(photos, tmp_path):
     racing.write_text(textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(REPO)!r})
-        from wsss.inference import sources
+        from wsss.inference.folder import sources
         from tools import infer
 
         real = sources.scan_folder
@@ -162,7 +162,7 @@ def test_every_rank_works_on_rank_0s_listing(photos, tmp_path):
 
 
 def test_an_image_gone_after_the_listing_is_named_as_skipped(photos, tmp_path, monkeypatch):
-    from wsss.inference import plan
+    from wsss.inference.folder import plan
 
     ckpt, inp, _ = photos
     moved = tmp_path / "in"

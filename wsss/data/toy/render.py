@@ -1,6 +1,6 @@
 """Drawing one toy sample: shapes, fills, colours, distractors, background and the label maps.
 
-What the samples show and how the versions differ: :mod:`wsss.data.toy` (which writes them as a VOC-layout
+What the samples show and how the versions differ: :mod:`wsss.data.toy.dataset` (which writes them as a VOC-layout
 dataset) and ``docs/toy_dataset.md`` (design and history, with numbers). Drawing is deterministic in its
 ``numpy.random.Generator`` and takes about 25 ms per image. cv2 is imported by the three functions that draw
 with it, so that the constants below load without it (``tools/make_toy_voc.py --help`` answers at once).
