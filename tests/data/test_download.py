@@ -16,7 +16,7 @@ import pytest
 
 from tests.data.archive_server import ArchiveServer, limit_disk, make_voc_archives
 from wsss.data.prepare.download import FetchOptions, PrepareError, fetch_archive, mirror_problem, read_checksums
-from wsss.data.prepare.pipeline import download
+from wsss.data.prepare import download
 
 OPTS = FetchOptions(progress=False, min_free_bytes=0)
 
