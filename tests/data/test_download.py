@@ -15,8 +15,8 @@ from dataclasses import replace
 import pytest
 
 from tests.data.archive_server import ArchiveServer, limit_disk, make_voc_archives
-from wsss.data.prepare.download import FetchOptions, PrepareError, fetch_archive, mirror_problem, read_checksums
 from wsss.data.prepare import download
+from wsss.data.prepare.download import FetchOptions, PrepareError, fetch_archive, mirror_problem, read_checksums
 
 OPTS = FetchOptions(progress=False, min_free_bytes=0)
 
