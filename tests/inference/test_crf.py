@@ -384,6 +384,27 @@ def test_a_batch_runs_in_calls_that_fit_the_budget(monkeypatch):
         assert pixels * (BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * classes) <= 64 * 2**20
 
 
+def test_on_the_cpu_large_images_run_one_by_one(monkeypatch):
+    """On the CPU a run holds at most CPU_RUN_PIXELS pixels (one lattice over many large images loses the cache):
+    small images share a run, large ones run alone, whatever the memory budget allows; each result is the one of
+    its image alone."""
+    runs = []
+    real = crf_module._mean_field
+
+    def spy(images, probs, cfg, dtype):
+        runs.append(len(probs))
+        return real(images, probs, cfg, dtype)
+
+    monkeypatch.setattr(crf_module, "_mean_field", spy)
+    small = [colour_noise_case(seed=k, height=20, width=30) for k in range(3)]
+    large = [colour_noise_case(seed=k, height=crf_module.CPU_RUN_PIXELS // 256, width=256) for k in range(2)]
+    cfg = CrfConfig(memory_mib=2**20, iterations=2)
+    out = dense_crf_batch([i for i, _ in small + large], [torch.from_numpy(p) for _, p in small + large], cfg)
+    assert runs == [3, 1, 1]
+    alone = dense_crf(*large[1], cfg)
+    np.testing.assert_allclose(out[-1].numpy(), alone, rtol=0, atol=1e-6)
+
+
 PEAK_CHILD = """
 import json, sys
 import numpy as np, torch
