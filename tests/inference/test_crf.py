@@ -405,6 +405,30 @@ def test_on_the_cpu_large_images_run_one_by_one(monkeypatch):
     np.testing.assert_allclose(out[-1].numpy(), alone, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stacked_probability_maps_of_one_image_equal_each_alone(backend):
+    """The pseudo-label export's three score stacks of one image: crf_labels_stacked (one pair of lattices, each
+    stack normalised on its own) and the pool's submit_stacked give each stack's own crf_labels."""
+    image, _ = colour_noise_case(seed=5, height=30, width=41)
+    rng = np.random.default_rng(5)
+    stacks = np.stack([rng.dirichlet(np.full(4, 0.4), size=(30, 41)).transpose(2, 0, 1) for _ in range(3)])
+    stacks = torch.from_numpy(stacks.astype(np.float32))
+    stacks[1, 3] = 0.0  # a class one stack does not have
+    stacks[1] /= stacks[1].sum(0)
+    cfg = crf_cfg(backend)
+    want = [crf_labels(image, p.numpy(), cfg) for p in stacks]
+    got = crf_module.crf_labels_stacked(image, stacks, cfg)
+    assert got.dtype == torch.uint8 and got.shape == (3, 30, 41)
+    for k in range(3):
+        np.testing.assert_array_equal(got[k].numpy(), want[k])
+    with CrfPool(cfg, workers=0) as pool:
+        for future, labels in zip(pool.submit_stacked(image, stacks), want, strict=True):
+            np.testing.assert_array_equal(future.result(), labels)
+    assert not (want[0] == want[1]).all()  # the stacks differ: a mixed-up stack would show
+    with pytest.raises(ValueError, match=r"\(S, C, H, W\)"):
+        crf_module.crf_labels_stacked(image, stacks[0], cfg)
+
+
 PEAK_CHILD = """
 import json, sys
 import numpy as np, torch

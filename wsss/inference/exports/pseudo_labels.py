@@ -15,10 +15,10 @@ literature; never from masks), the model of the checkpoint (eval mode) gives mul
                                                what the paper's Table 3 scores, as tools/eval_cams.py --pseudo)
 
 Both are VOC-palette PNGs of class indices. With ``crf``, each of the three refined stacks, normalised to
-probabilities, goes through the dense CRF (``infer.crf.*``, :func:`wsss.inference.crf.crf_labels`) before its argmax,
-and the two CRF'd dual-threshold stacks are then combined by the same rule, so pixels stay 255 where the CRF-refined
-stacks disagree (AffinityNet's CRF of the low and high background scores): the CRF moves the uncertain band to image
-edges, it never fills it.
+probabilities, goes through the dense CRF (``infer.crf.*``; the three together over one pair of lattices,
+:func:`wsss.inference.crf.crf_labels_stacked`) before its argmax, and the two CRF'd dual-threshold stacks are then
+combined by the same rule, so pixels stay 255 where the CRF-refined stacks disagree (AffinityNet's CRF of the low and
+high background scores): the CRF moves the uncertain band to image edges, it never fills it.
 
 The CAM pass runs in eval mode and float32. The training step runs it in train mode (the reference's habit), which
 equals eval mode when ``model.drop_path_rate`` is 0 and there is no dropout, the reference config; with drop-path
@@ -218,7 +218,7 @@ def pseudo_masks(
     else:
         scores, keys = refine_cam_stacks(rgb, cams, labels, planes, par, cfg.par.scale)  # (3, 1, K, H, W), (1, K)
         probs = scores[:, 0] / scores[:, 0].sum(dim=1, keepdim=True)  # one image: no padding
-        jobs = crf.submit_batch([raw] * len(probs), list(probs))  # the three stacks in one batch (torch backend)
+        jobs = crf.submit_stacked(raw, probs)  # the three stacks over one pair of lattices (torch backend)
         high, low, single = (keys[:, torch.from_numpy(job.result()).to(keys.device).long()] for job in jobs)
     certain = combine_dual_threshold(high, low, None, cfg.data.ignore_index)
     return certain[0].to(torch.uint8).cpu().numpy(), single[0].to(torch.uint8).cpu().numpy()
