@@ -14,6 +14,17 @@ pool, writing the masks) in three modes:
 images/s = images / the loop's wall time (model loading and CRF worker start-up excluded, as in the
 summary ``tools/infer.py`` prints). Each mode runs ``--repeats`` times (``--overwrite``), the best is kept.
 
+Two more rows per mode bound the loop from both sides:
+
+- ``model alone``: :func:`wsss.models.tta.tta_forward` of the mode's scales and flip on batches of ``--batch-size``
+  normalised images already on the device, nothing else (the bound the loop approaches);
+- ``loop alone``: the same ``run_inference`` with a model that costs nothing (:class:`FreeModel`: each input shape's
+  outputs computed once, in an untimed first run, then returned as they are), so what is timed is the loop's own
+  work: decoding, preprocessing, TTA resizing, the masks, the CRF in its mode, PNG writing, Python. It runs on any
+  machine, the CPU included: the CPU proxy of the GPU loop's overhead.
+
+``--case coco``: 640 x 480 images and ``configs/coco_centered.py`` (81 classes) by default, the COCO-sized case.
+
 CRF pool: the dense CRF alone (C = number of classes of the first config, probabilities made from the
 toy masks: 0.6 on the true class, the rest spread evenly; 10 iterations) over every image, serially in
 the calling process and in pools of 1..``--max-workers`` processes; speed-up = serial time / pool time.
@@ -28,11 +39,13 @@ Usage::
     python bench/bench_inference.py --num 8 --threads 2
     python bench/bench_inference.py --device cuda --num 64 --batch-size 4
     python bench/bench_inference.py --nproc 1 2 --num 16 --modes single ms+flip
+    python bench/bench_inference.py --case coco --num 8 --rows loop
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -41,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
@@ -54,9 +68,14 @@ from wsss.data.transforms import backbone_mean_std
 from wsss.engine.checkpoint import save_checkpoint
 from wsss.inference.crf import CrfPool, crf_labels
 from wsss.inference.folder.runner import InferenceOptions, run_inference
+from wsss.inference.predictor import Segmenter
 from wsss.models import build_model
+from wsss.models.tta import tta_forward
 from wsss.utils.fileio import save_image
 
+CASES = {"voc": ((500, 375), ["configs/voc_centered.py", "configs/toy_centered.py"]),
+         "coco": ((640, 480), ["configs/coco_centered.py"])}
+ROWS = ("loop", "loop alone", "model alone")
 MODES = {
     "single": dict(scales=(1.0,), flip=False, crf=False),
     "ms+flip": dict(scales=(1.0, 1.25, 1.5), flip=True, crf=False),
@@ -66,10 +85,13 @@ MODES = {
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", nargs="+", default=["configs/voc_centered.py", "configs/toy_centered.py"])
+    parser.add_argument("--case", default="voc", choices=list(CASES), help="image size and configs (voc: 500x375)")
+    parser.add_argument("--configs", nargs="+", help="default: the case's")
     parser.add_argument("--num", type=int, default=8, help="images")
-    parser.add_argument("--size", type=int, nargs=2, default=(500, 375), metavar=("W", "H"))
+    parser.add_argument("--size", type=int, nargs=2, metavar=("W", "H"), help="default: the case's")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS),
+                        help="the loop; the loop with a free model; the model alone")  # fmt: skip
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--crf-workers", type=int, default=2, help="CRF processes in the ms+flip+crf mode")
@@ -77,7 +99,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--nproc", type=int, nargs="+", help="time tools/infer.py under torchrun at these rank counts")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    size, configs = CASES[args.case]
+    args.size = tuple(args.size or size)
+    args.configs = args.configs or configs
+    return args
 
 
 def make_images(folder: Path, num: int, size: tuple[int, int], num_classes: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -103,27 +129,102 @@ def config_classes(cfg: Config) -> list[str]:
     return load_classes(path) if path.is_file() else list(TOY_CLASSES)
 
 
-def bench_config(config: str, args: argparse.Namespace, images: Path, work: Path) -> list[tuple[str, float, int]]:
+class FreeModel(torch.nn.Module):
+    """A model that costs nothing: the wrapped model's outputs for each input shape, computed at the first call with
+    that shape (in ``outputs``, shared by the free models of one :func:`free_models` block) and then returned as
+    they are (the loop never writes into them)."""
+
+    def __init__(self, model: torch.nn.Module, outputs: dict) -> None:
+        super().__init__()
+        self.model = model
+        self.stride = model.stride
+        self.classifier = model.classifier
+        self.outputs = outputs
+
+    def forward(self, x: torch.Tensor):
+        if tuple(x.shape) not in self.outputs:
+            self.outputs[tuple(x.shape)] = self.model(x)
+        return self.outputs[tuple(x.shape)]
+
+
+@contextmanager
+def free_models():
+    """Every :class:`~wsss.inference.predictor.Segmenter` made inside runs a :class:`FreeModel`; they share their
+    outputs (one checkpoint per block)."""
+    original = Segmenter.__init__
+    outputs: dict = {}
+
+    def init(self, model, *args, **kwargs):
+        original(self, FreeModel(model, outputs), *args, **kwargs)
+
+    Segmenter.__init__ = init
+    try:
+        yield
+    finally:
+        Segmenter.__init__ = original
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_loop(ckpt: Path, images: Path, out: Path, mode: str, args: argparse.Namespace, repeats: int) -> float:
+    """Best wall time of ``run_inference`` over ``repeats`` runs (the loop's own clock, as tools/infer.py's)."""
+    best = float("inf")
+    for _ in range(repeats):
+        opts = InferenceOptions(
+            **MODES[mode], batch_size=args.batch_size, overwrite=True, crf_workers=args.crf_workers, progress=False
+        )
+        summary = run_inference(ckpt, images, out, options=opts, device=args.device)
+        assert summary.done == args.num and not summary.skipped, summary.format()
+        best = min(best, summary.seconds)
+    return best
+
+
+def time_model(model: torch.nn.Module, mode: str, args: argparse.Namespace) -> float:
+    """Best wall time of the mode's TTA forward passes over ``--num`` images, in batches already on the device."""
+    w, h = args.size
+    x = torch.randn(args.batch_size, 3, h, w, device=args.device)
+    settings = MODES[mode]
+    batches = -(-args.num // args.batch_size)
+    best = float("inf")
+    with torch.no_grad():
+        tta_forward(model, x, settings["scales"], settings["flip"])  # warm-up (kernels, allocator)
+        for _ in range(args.repeats):
+            sync(args.device)
+            tic = time.perf_counter()
+            for _ in range(batches):
+                tta_forward(model, x, settings["scales"], settings["flip"])
+            sync(args.device)
+            best = min(best, time.perf_counter() - tic)
+    return best * args.num / (batches * args.batch_size)
+
+
+def bench_config(config: str, args: argparse.Namespace, images: Path, work: Path) -> list[tuple[str, str, float]]:
+    """(row, mode, seconds for ``--num`` images) of each ``--rows`` x ``--modes``."""
     cfg = load_config(config, {"model.pretrained": ""})
     classes = config_classes(cfg)
     model = build_model(cfg.model, num_classes=len(classes))
     mean, std = backbone_mean_std(cfg.model.backbone)
     ckpt = work / f"{Path(config).stem}.pth"
     save_checkpoint(ckpt, model, cfg, classes, mean, std, step=0)
+    model = model.to(args.device).eval()
     rows = []
     for mode in args.modes:
-        best = float("inf")
-        for _ in range(args.repeats):
-            opts = InferenceOptions(
-                **MODES[mode], batch_size=args.batch_size, overwrite=True, crf_workers=args.crf_workers, progress=False
-            )
-            summary = run_inference(
-                ckpt, images, work / f"out_{Path(config).stem}_{mode}", options=opts, device=args.device
-            )
-            assert summary.done == args.num and not summary.skipped, summary.format()
-            best = min(best, summary.seconds)
-        rows.append((mode, best, len(classes)))
-        print(f"  {Path(config).name} {mode}: {args.num / best:.3f} images/s ({best:.1f} s)", flush=True)
+        out = work / f"out_{Path(config).stem}_{mode}"
+        for row in args.rows:
+            if row == "loop":
+                seconds = time_loop(ckpt, images, out, mode, args, args.repeats)
+            elif row == "loop alone":
+                with free_models():
+                    time_loop(ckpt, images, out, mode, args, 1)  # computes the outputs the free model returns
+                    seconds = time_loop(ckpt, images, out, mode, args, args.repeats)
+            else:
+                seconds = time_model(model, mode, args)
+            rows.append((row, mode, seconds))
+            rate = f"{args.num / seconds:.3f} images/s ({seconds:.2f} s)"
+            print(f"  {Path(config).name} {mode} {row}: {rate}", flush=True)
     return rows
 
 
@@ -203,9 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         table = []
         for config in args.configs:
             table += [(config, *row) for row in bench_config(config, args, images, tmp)]
-        print("\n| config | mode | images/s | s / image |\n|---|---|---:|---:|")
-        for config, mode, seconds, _ in table:
-            print(f"| {config} | {mode} | {args.num / seconds:.3f} | {seconds / args.num:.2f} |")
+        print("\n| config | mode | what | images/s | ms / image |\n|---|---|---|---:|---:|")
+        for config, row, mode, seconds in table:
+            print(f"| {config} | {mode} | {row} | {args.num / seconds:.3f} | {seconds / args.num * 1000:.1f} |")
+        if args.max_workers < 1 or importlib.util.find_spec("pydensecrf") is None:
+            return 0
         pool_rows = bench_pool(pairs, args.max_workers)
         print(f"\nCRF alone, {args.num} images, C = {num_classes}, load average {os.getloadavg()[0]:.1f}")
         print("| CRF | s | images/s | speed-up |\n|---|---:|---:|---:|")

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from wsss.cam import scaled_size
 from wsss.par import PAR
+from wsss.utils.tensors import argmax
 
 
 def boxes_to_mask(boxes: Tensor, height: int, width: int) -> Tensor:
@@ -139,7 +140,7 @@ def refine_cams_with_par(
     scores, keys = refine_cam_stacks(images, cams, labels, bg_values, par, scale, max_present)
     b, h, w = scores.shape[1], *scores.shape[-2:]
     padding = (keys < 0)[:, :, None, None]
-    out = [torch.gather(keys, 1, s.masked_fill(padding, float("-inf")).argmax(dim=1).flatten(1)) for s in scores]
+    out = [torch.gather(keys, 1, argmax(s.masked_fill(padding, float("-inf")), 1).flatten(1)) for s in scores]
     return torch.stack(out).view(len(out), b, h, w)
 
 

@@ -29,6 +29,7 @@ from wsss.models.segmentor import WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
 from wsss.utils.distributed import all_gather_objects
+from wsss.utils.tensors import argmax
 
 PANEL_TITLES = ("image", "CAM", "pseudo label", "prediction", "ground truth")
 
@@ -98,7 +99,7 @@ def validate(
         cam = maps_to_pixels(multiscale_cam(model.cam, image, labels, cfg.cam.scales), crop_size, 1, size)
         aux_cam = multiscale_cam(lambda x: model.cam(x, aux=True), image, labels, cfg.cam.scales)
         aux_cam = maps_to_pixels(aux_cam, crop_size, 1, size)
-        seg = maps_to_pixels(model(image).seg, crop_size, model.stride, size).argmax(dim=1)
+        seg = argmax(maps_to_pixels(model(image).seg, crop_size, model.stride, size), 1)
         cam_pred = cam_to_label(cam, labels, cfg.cam.infer_bg_thresh)
         matrices["cam"].update(cam_pred, gt[None])
         matrices["aux_cam"].update(cam_to_label(aux_cam, labels, cfg.cam.infer_bg_thresh), gt[None])
@@ -210,7 +211,7 @@ def validate_tags(
             raw, labels = batch["raw"][0], batch["label"][0][None].to(device)
             size, seen = tuple(raw.shape[:2]), tuple(image.shape[-2:])
             cam = maps_to_pixels(multiscale_cam(model.cam, image, labels, cfg.cam.scales), seen, 1, size)
-            seg = maps_to_pixels(out.seg, seen, model.stride, size).argmax(dim=1)
+            seg = argmax(maps_to_pixels(out.seg, seen, model.stride, size), 1)
             cams = cam_overlay(raw, cam[0][labels[0] > 0].cpu().numpy())
             pictures[str(batch["id"][0])] = np.concatenate([raw, cams, mask_overlay(raw, seg[0].cpu().numpy())], axis=1)
     if was_training:

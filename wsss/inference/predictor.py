@@ -65,6 +65,7 @@ from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_
 from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
 from wsss.utils.distributed import rank_and_world
 from wsss.utils.fileio import image_to_rgb, read_image
+from wsss.utils.tensors import argmax
 
 __all__ = [
     "BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "classes_shown", "longest_side", "row_bands",
@@ -205,7 +206,7 @@ class BatchOutputs:
         logits = self.out.seg[i, index]
         mask = np.empty(self.size, np.uint8)
         for start, stop in self.bands():
-            mask[start:stop] = index[self.resize.band(logits, start, stop).argmax(dim=0)].to(torch.uint8).cpu().numpy()
+            mask[start:stop] = index[argmax(self.resize.band(logits, start, stop), 0)].to(torch.uint8).cpu().numpy()
         return mask
 
     def probabilities(self, i: int, keep: Tensor, on_device: bool = False) -> np.ndarray | Tensor:

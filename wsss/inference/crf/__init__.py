@@ -41,6 +41,7 @@ from wsss.config import CrfConfig
 from wsss.inference.crf.permutohedral import build_lattice
 from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.utils.lifetime import die_with_parent
+from wsss.utils.tensors import argmax
 
 UNARY_CLIP = 1e-5
 """Probabilities are clipped to ``[UNARY_CLIP, 1]`` before the log (pydensecrf's ``unary_from_softmax``)."""
@@ -249,11 +250,11 @@ def _full_size(q: Tensor, size: tuple[int, int]) -> Tensor:
 def _labels(q: Tensor, size: tuple[int, int]) -> Tensor:
     """(H, W) uint8 argmax of the (C, h, w) marginals ``q`` resized to ``size`` (H, W), a band of rows at a time."""
     if tuple(q.shape[1:]) == tuple(size):
-        return q.argmax(dim=0).to(torch.uint8)
+        return argmax(q, 0).to(torch.uint8)
     resize = BandResize(q.shape[1:], size, q.device)
     labels = torch.empty(size, dtype=torch.uint8, device=q.device)
     for start, stop in row_bands(*size, q.shape[1] * q.shape[2]):
-        labels[start:stop] = resize.band(q, start, stop).argmax(dim=0)
+        labels[start:stop] = argmax(resize.band(q, start, stop), 0)
     return labels
 
 
