@@ -76,6 +76,7 @@ from wsss.utils.fileio import save_image
 CASES = {"voc": ((500, 375), ["configs/voc_centered.py", "configs/toy_centered.py"]),
          "coco": ((640, 480), ["configs/coco_centered.py"])}
 ROWS = ("loop", "loop alone", "model alone")
+COCO_CLASSES = 81
 MODES = {
     "single": dict(scales=(1.0,), flip=False, crf=False),
     "ms+flip": dict(scales=(1.0, 1.25, 1.5), flip=True, crf=False),
@@ -98,6 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-workers", type=int, default=2, help="largest CRF pool in the pool benchmark")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--mask-classes", choices=("present", "all"), help="infer.mask_classes (default: the config's)")
     parser.add_argument("--nproc", type=int, nargs="+", help="time tools/infer.py under torchrun at these rank counts")
     args = parser.parse_args(argv)
     size, configs = CASES[args.case]
@@ -122,11 +124,16 @@ def make_images(folder: Path, num: int, size: tuple[int, int], num_classes: int)
 
 
 def config_classes(cfg: Config) -> list[str]:
-    """The config's class list; a class file missing here (the toy dataset not generated) means the toy's."""
+    """The config's class list; a class file missing here means the toy's (the toy dataset not generated), or COCO's
+    81 (background and 80 numbered stand-ins: COCO's names come from its annotations, tools/convert_coco.py)."""
     if isinstance(cfg.data.classes, list):
         return load_classes(cfg.data.classes)
     path = Path(cfg.data.root) / cfg.data.classes
-    return load_classes(path) if path.is_file() else list(TOY_CLASSES)
+    if path.is_file():
+        return load_classes(path)
+    if "coco" in cfg.data.root:
+        return ["background", *(f"coco_{k}" for k in range(1, COCO_CLASSES))]
+    return list(TOY_CLASSES)
 
 
 class FreeModel(torch.nn.Module):
@@ -173,9 +180,9 @@ def time_loop(ckpt: Path, images: Path, out: Path, mode: str, args: argparse.Nam
     """Best wall time of ``run_inference`` over ``repeats`` runs (the loop's own clock, as tools/infer.py's)."""
     best = float("inf")
     for _ in range(repeats):
-        opts = InferenceOptions(
-            **MODES[mode], batch_size=args.batch_size, overwrite=True, crf_workers=args.crf_workers, progress=False
-        )
+        infer = {"infer.mask_classes": args.mask_classes} if args.mask_classes else {}
+        opts = InferenceOptions(**MODES[mode], batch_size=args.batch_size, overwrite=True, crf_workers=args.crf_workers,
+                                progress=False, cfg_options=infer)  # fmt: skip
         summary = run_inference(ckpt, images, out, options=opts, device=args.device)
         assert summary.done == args.num and not summary.skipped, summary.format()
         best = min(best, summary.seconds)

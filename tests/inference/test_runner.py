@@ -101,12 +101,13 @@ def test_cli_end_to_end(trained, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_batching_and_crf_change_nothing_unexpected(trained, tmp_path):
-    """Batch size 3 on same-size and odd-size images gives the logits of batch size 1; CRF changes masks only."""
+    """Batch size 3 on same-size and odd-size images gives the logits of batch size 1 and the same masks, byte for
+    byte; CRF changes masks only."""
     root, ckpt = trained
     inp = tmp_path / "in"
     inp.mkdir()
-    for i in range(3):  # three images of one size, two of other sizes
-        shutil.copy(root / "JPEGImages" / "train_00001.jpg", inp / f"same{i}.jpg")
+    for i in range(3):  # three different images of one size (lossless), two of other sizes
+        Image.open(root / "JPEGImages" / f"train_{i:05d}.jpg").resize((200, 160)).save(inp / f"same{i}.png")
     shutil.copy(root / "JPEGImages" / "train_00002.jpg", inp / "other1.jpg")
     shutil.copy(root / "JPEGImages" / "train_00003.jpg", inp / "other2.jpg")
     runs = {}
@@ -123,6 +124,7 @@ def test_batching_and_crf_change_nothing_unexpected(trained, tmp_path):
         # same batching with and without CRF: the CRF touches the masks, never the logits
         np.testing.assert_array_equal(b, np.load(runs["crf"] / "logits" / f"{rel}.npy").astype(np.float32))
         plain = read_mask(runs["b1"] / "masks" / f"{rel}.png")
+        np.testing.assert_array_equal(read_mask(runs["b3"] / "masks" / f"{rel}.png"), plain)  # byte for byte
         assert plain.shape == read_mask(runs["crf"] / "masks" / f"{rel}.png").shape
     changed = sum((read_mask(runs["b1"] / "masks" / f"{r}.png") != read_mask(runs["crf"] / "masks" / f"{r}.png")).any()
                   for r in ("same0", "other1", "other2"))  # fmt: skip
