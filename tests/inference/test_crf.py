@@ -175,6 +175,23 @@ def test_pool_equals_serial():
         np.testing.assert_array_equal(inline.submit(*cases[0][:2]).result(), serial[0])
 
 
+def test_the_pool_works_after_the_caller_used_openmp():
+    """With GNU libgomp an OpenMP region in a child forked from a parent that has used OpenMP hangs: the workers'
+    torch ops (the labels' argmax) must not open one. The parent here runs a parallel reduction first, as any caller
+    that ran a model has."""
+    pytest.importorskip("pydensecrf.densecrf")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.randn(16, 256, 256).max(dim=0)  # an OpenMP region in this process
+        image, probs, _ = two_region_case()
+        with CrfPool(CrfConfig(backend="pydensecrf", workers=1)) as pool:
+            labels = pool.submit(image, probs).result(timeout=60)
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(labels, crf_labels(image, probs, CrfConfig(backend="pydensecrf")))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_pool_reports_job_errors_through_the_future(backend):
     image, probs, _ = two_region_case()

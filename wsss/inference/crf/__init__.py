@@ -382,9 +382,10 @@ class CrfPool:
 
     With ``pydensecrf`` the workers start in the constructor, so create the pool before the model (and before any
     thread pool): with the default ``fork`` start method (where the platform has it) they then start in
-    milliseconds and inherit no running threads. ``fork`` is safe here because a job runs only numpy and
-    pydensecrf (plain C++, no OpenMP), never torch. ``spawn`` (the default elsewhere) re-imports the
-    caller's ``__main__`` in every worker, which costs seconds when it imports torch. Results are
+    milliseconds and inherit no running threads. ``fork`` is safe here because a job runs pydensecrf (plain C++, no
+    OpenMP) and torch on one thread only (:func:`_start_worker`: an OpenMP region in a child forked from a parent
+    that used OpenMP hangs with GNU libgomp, so a worker never enters one). ``spawn`` (the default elsewhere)
+    re-imports the caller's ``__main__`` in every worker, which costs seconds when it imports torch. Results are
     bit-identical to a serial run (the CRF is deterministic). The workers die with the calling process
     (:func:`wsss.utils.lifetime.die_with_parent`); leaving the ``with`` block on an exception kills the
     running jobs instead of waiting for them.
@@ -415,7 +416,7 @@ class CrfPool:
                 start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             context = multiprocessing.get_context(start_method)
             self._executor = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)
+                self.workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
             )
             for future in [self._executor.submit(_check_import) for _ in range(self.workers)]:
                 future.result()  # start the workers now (and check pydensecrf imports in them)
@@ -463,6 +464,13 @@ class CrfPool:
                 process.kill()
         self._executor.shutdown(wait=True, cancel_futures=exc[0] is not None)
         self._executor = None
+
+
+def _start_worker(parent: int) -> None:
+    """A CRF worker: dies with ``parent``; torch runs on one thread, so no op opens an OpenMP region (the labels'
+    argmax, the band resizing of a reduced image)."""
+    die_with_parent(parent)
+    torch.set_num_threads(1)
 
 
 def _check_import() -> None:
