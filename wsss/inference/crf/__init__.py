@@ -292,13 +292,13 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
         norm = (lattice.filter(torch.ones(unary.shape[0], 1, dtype=dtype, device=device)) + NORM_EPS).rsqrt()
         kernels.append(lattice.scaled(compat * norm, norm))  # Potts: -compat * filtered, subtracted
     prior = unary.neg_()  # -unary, in its buffer
-    classes = prior.shape[1] // stacks
-    q = _softmax(prior.clone().view(-1, classes)).view(prior.shape)
+    per_stack = prior.shape[1] // stacks
+    q = _softmax(prior.clone().view(-1, per_stack)).view(prior.shape)
     for _ in range(cfg.iterations):
         message = prior.clone()
         for lattice in kernels:
             lattice.filter(q, add_to=message)
-        q = _softmax(message.view(-1, classes)).view(prior.shape)
+        q = _softmax(message.view(-1, per_stack)).view(prior.shape)
     out, rows = [], 0
     for p in probs:
         c, h, w = p.shape
