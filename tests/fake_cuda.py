@@ -153,6 +153,8 @@ class FakeCudaMode(TorchDispatchMode):
         super().__init__()
         self.no_sync = no_sync
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.syncs: list[str] = []
+        """The ops that made the host wait for the device so far (the ``no_sync`` region's errors, counted)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -186,9 +188,12 @@ class FakeCudaMode(TorchDispatchMode):
         copies_to_host = any(
             isinstance(t, FakeTensor) and t.device.type == "cpu" for t in tree_flatten(fake_out)[0]
         )  # a cuda -> cpu copy: .cpu(), .to("cpu"), .tolist()
+        uploads = _blocking_upload(func, args, kwargs)
+        if reads_device or copies_to_host or uploads:
+            self.syncs.append(str(func))
         if self.no_sync and (reads_device or copies_to_host):
             raise HostSyncError(f"{func} reads device data on the host (a CUDA sync) inside a no-sync region")
-        if self.no_sync and _blocking_upload(func, args, kwargs):
+        if self.no_sync and uploads:
             raise HostSyncError(
                 f"{func}: a blocking copy from the CPU to cuda waits for the device (a CUDA sync) inside a no-sync "
                 "region; build the tensor on the device, or copy with non_blocking=True"
