@@ -40,6 +40,7 @@ Usage::
     python bench/bench_inference.py --device cuda --num 64 --batch-size 4
     python bench/bench_inference.py --nproc 1 2 --num 16 --modes single ms+flip
     python bench/bench_inference.py --case coco --num 8 --rows loop
+    python bench/bench_inference.py --rows "loop alone" --write-threads 0 2 --num 48 --repeats 3
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from wsss.data.toy.render import TOY_CLASSES, generate_sample
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.checkpoint import save_checkpoint
 from wsss.inference.crf import CrfPool, crf_labels
+from wsss.inference.folder.loop import InferenceLoop
 from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.inference.predictor import Segmenter
 from wsss.models import build_model
@@ -100,6 +102,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--mask-classes", choices=("present", "all"), help="infer.mask_classes (default: the config's)")
+    parser.add_argument("--write-threads", type=int, nargs="+", default=[InferenceOptions.write_threads],
+                        help="the loop rows at each count of writing threads (tools/infer.py --write-threads)")
     parser.add_argument("--nproc", type=int, nargs="+", help="time tools/infer.py under torchrun at these rank counts")
     args = parser.parse_args(argv)
     size, configs = CASES[args.case]
@@ -176,17 +180,37 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_loop(ckpt: Path, images: Path, out: Path, mode: str, args: argparse.Namespace, repeats: int) -> float:
-    """Best wall time of ``run_inference`` over ``repeats`` runs (the loop's own clock, as tools/infer.py's)."""
-    best = float("inf")
-    for _ in range(repeats):
-        infer = {"infer.mask_classes": args.mask_classes} if args.mask_classes else {}
-        opts = InferenceOptions(**MODES[mode], batch_size=args.batch_size, overwrite=True, crf_workers=args.crf_workers,
-                                progress=False, cfg_options=infer)  # fmt: skip
-        summary = run_inference(ckpt, images, out, options=opts, device=args.device)
-        assert summary.done == args.num and not summary.skipped, summary.format()
-        best = min(best, summary.seconds)
-    return best
+def time_loop(
+    ckpt: Path, images: Path, out: Path, mode: str, args: argparse.Namespace, repeats: int, write_threads: int
+) -> tuple[float, float]:
+    """Best wall time of ``run_inference`` over ``repeats`` runs (the loop's own clock, as tools/infer.py's), and the
+    CPU time of the loop's own thread in that run (:class:`~wsss.inference.folder.loop.InferenceLoop`'s ``run``:
+    without the decoding processes, the writing threads and torch's other threads), the host's serial share."""
+    best, best_cpu = float("inf"), float("nan")
+    original = InferenceLoop.run
+    spent = []
+
+    def timed_run(self, todo):
+        tic = time.thread_time()
+        try:
+            return original(self, todo)
+        finally:
+            spent.append(time.thread_time() - tic)
+
+    InferenceLoop.run = timed_run
+    try:
+        for _ in range(repeats):
+            infer = {"infer.mask_classes": args.mask_classes} if args.mask_classes else {}
+            opts = InferenceOptions(**MODES[mode], batch_size=args.batch_size, overwrite=True,
+                                    crf_workers=args.crf_workers, write_threads=write_threads, progress=False,
+                                    cfg_options=infer)  # fmt: skip
+            summary = run_inference(ckpt, images, out, options=opts, device=args.device)
+            assert summary.done == args.num and not summary.skipped, summary.format()
+            if summary.seconds < best:
+                best, best_cpu = summary.seconds, spent[-1]
+    finally:
+        InferenceLoop.run = original
+    return best, best_cpu
 
 
 def time_model(model: torch.nn.Module, mode: str, args: argparse.Namespace) -> float:
@@ -209,7 +233,8 @@ def time_model(model: torch.nn.Module, mode: str, args: argparse.Namespace) -> f
 
 
 def bench_config(config: str, args: argparse.Namespace, images: Path, work: Path) -> list[tuple[str, str, float]]:
-    """(row, mode, seconds for ``--num`` images) of each ``--rows`` x ``--modes``."""
+    """(row, mode, seconds for ``--num`` images, the loop thread's CPU seconds or NaN) of each ``--rows`` x
+    ``--modes``."""
     cfg = load_config(config, {"model.pretrained": ""})
     classes = config_classes(cfg)
     model = build_model(cfg.model, num_classes=len(classes))
@@ -221,17 +246,20 @@ def bench_config(config: str, args: argparse.Namespace, images: Path, work: Path
     for mode in args.modes:
         out = work / f"out_{Path(config).stem}_{mode}"
         for row in args.rows:
-            if row == "loop":
-                seconds = time_loop(ckpt, images, out, mode, args, args.repeats)
-            elif row == "loop alone":
-                with free_models():
-                    time_loop(ckpt, images, out, mode, args, 1)  # computes the outputs the free model returns
-                    seconds = time_loop(ckpt, images, out, mode, args, args.repeats)
-            else:
-                seconds = time_model(model, mode, args)
-            rows.append((row, mode, seconds))
-            rate = f"{args.num / seconds:.3f} images/s ({seconds:.2f} s)"
-            print(f"  {Path(config).name} {mode} {row}: {rate}", flush=True)
+            for threads in args.write_threads if row != "model alone" else [0]:
+                several = row != "model alone" and len(args.write_threads) > 1
+                name = f"{row}, {threads} writing threads" if several else row
+                if row == "loop":
+                    seconds, cpu = time_loop(ckpt, images, out, mode, args, args.repeats, threads)
+                elif row == "loop alone":
+                    with free_models():
+                        time_loop(ckpt, images, out, mode, args, 1, threads)  # computes the free model's outputs
+                        seconds, cpu = time_loop(ckpt, images, out, mode, args, args.repeats, threads)
+                else:
+                    seconds, cpu = time_model(model, mode, args), float("nan")
+                rows.append((name, mode, seconds, cpu))
+                rate = f"{args.num / seconds:.3f} images/s ({seconds:.2f} s)"
+                print(f"  {Path(config).name} {mode} {name}: {rate}", flush=True)
     return rows
 
 
@@ -311,9 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         table = []
         for config in args.configs:
             table += [(config, *row) for row in bench_config(config, args, images, tmp)]
-        print("\n| config | mode | what | images/s | ms / image |\n|---|---|---|---:|---:|")
-        for config, row, mode, seconds in table:
-            print(f"| {config} | {mode} | {row} | {args.num / seconds:.3f} | {seconds / args.num * 1000:.1f} |")
+        print("\n| config | mode | what | images/s | ms / image | loop thread CPU ms / image |")
+        print("|---|---|---|---:|---:|---:|")
+        for config, row, mode, seconds, cpu in table:
+            thread = "-" if cpu != cpu else f"{cpu / args.num * 1000:.1f}"
+            rate = f"{args.num / seconds:.3f} | {seconds / args.num * 1000:.1f}"
+            print(f"| {config} | {mode} | {row} | {rate} | {thread} |")
         if args.max_workers < 1 or importlib.util.find_spec("pydensecrf") is None:
             return 0
         pool_rows = bench_pool(pairs, args.max_workers)

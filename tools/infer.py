@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=1, help="same-size images per forward batch")
     parser.add_argument("--workers", type=int, default=2, help="image decoding processes per rank")
+    parser.add_argument("--write-threads", type=int, default=2, help="threads encoding and writing the outputs")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")
     parser.add_argument(
         "--launcher", choices=("none", "pytorch"), default="none",
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         overwrite=args.overwrite,
         num_workers=args.workers,
+        write_threads=args.write_threads,
         crf_workers=args.crf_workers,
         max_size=args.max_size,
         progress=not args.no_progress,

@@ -34,9 +34,13 @@ def test_every_banded_output_equals_the_whole_image(band_pixels):
     pred = BatchOutputs(TTAOutput(seg=seg, cls_logits=torch.zeros(2, 4), cam=cam), SIZE, band_pixels)
     keep = torch.tensor([True, False, True, True, False])
     index = np.flatnonzero(keep.numpy())
+    every = pred.masks(torch.ones(2, 5, dtype=torch.bool))
+    masks = pred.masks(torch.stack([keep, torch.ones(5, dtype=torch.bool)]))
+    np.testing.assert_array_equal(masks[1], full(seg)[1].argmax(0).numpy())  # each image its own classes
     for i in range(2):
-        np.testing.assert_array_equal(pred.mask(i, torch.ones(5, dtype=torch.bool)), full(seg)[i].argmax(0).numpy())
-        np.testing.assert_array_equal(pred.mask(i, keep), index[full(seg)[i, index].argmax(0).numpy()])
+        np.testing.assert_array_equal(every[i], full(seg)[i].argmax(0).numpy())
+        if i == 0:
+            np.testing.assert_array_equal(masks[i], index[full(seg)[i, index].argmax(0).numpy()])
         np.testing.assert_allclose(pred.probabilities(i, keep), full(seg)[i, index].softmax(0).numpy(), atol=1e-6)
         chosen = torch.tensor([False, True, True, False])
         bands = list(pred.cams(i, chosen))
@@ -81,8 +85,9 @@ def test_the_mask_holds_the_classes_mask_classes_allows(toy_checkpoint):
 
 
 class FullWidthTensors(TorchDispatchMode):
-    """Records the (rows, columns) of every tensor an op returns whose last dimension is ``width`` (a map at the
-    image's own width: a band, or the whole image)."""
+    """Records the (rows, columns) of every float tensor an op returns whose last dimension is ``width`` (a map at
+    the image's own width: a band, or the whole image). The uint8 masks are left out: they are whole on the device
+    as on the host (one byte a pixel, the batch's one copy)."""
 
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -91,14 +96,14 @@ class FullWidthTensors(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == self.width:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2 and t.shape[-1] == self.width:
                 self.sizes.append(tuple(t.shape[-2:]))
         return out
 
 
 def test_a_huge_image_is_brought_back_in_bands_within_the_pixel_budget(toy_checkpoint, tmp_path):
-    """An image far over max_size**2 pixels: no tensor at the image's width, in the model input made from it nor in
-    the mask, CAMs, probabilities, overlays and logits brought back to its size, holds more rows than a band of
+    """An image far over max_size**2 pixels: no float tensor at the image's width, in the model input made from it nor
+    in the mask, CAMs, probabilities, overlays and logits brought back to its size, holds more rows than a band of
     max_size**2 pixels allows (the Segmenter and run_inference alike); the outputs cover every row."""
     from wsss.inference.folder.runner import InferenceOptions, run_inference
     from wsss.utils.fileio import read_image, read_mask, save_image

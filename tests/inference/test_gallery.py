@@ -24,6 +24,7 @@ from wsss.inference.folder.gallery import (
     write_gallery,
 )
 from wsss.inference.folder.layout import OutputLayout
+from wsss.inference.folder.visualize import cam_thumbnails
 from wsss.utils.fileio import read_mask, save_image, save_mask
 
 CLASSES = ["background", "c1", "c2", "c3"]
@@ -243,15 +244,15 @@ def test_class_cam_files_never_collide_and_stale_ones_go(tmp_path):
     never reach a path; a re-write drops the CAMs of classes no longer present and keeps foreign files."""
     thumb = np.full((8, 12, 3), 100, np.uint8)
     cams = torch.rand(2, 16, 24)
-    write_class_cams(tmp_path, "a.jpg", thumb, cams, [1, 3])
-    write_class_cams(tmp_path, "a/1.png", thumb, cams[:1], [2])
+    write_class_cams(tmp_path, "a.jpg", cam_thumbnails(thumb, cams), [1, 3])
+    write_class_cams(tmp_path, "a/1.png", cam_thumbnails(thumb, cams[:1]), [2])
     folder = tmp_path / "class_cams" / "a"
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
         "1.jpg", "1/2.jpg", "3.jpg",
     ]  # fmt: skip
     assert class_cam_paths(tmp_path, "a.jpg", [3]) == {3: folder / "3.jpg"}
     (folder / "notes.jpg").write_bytes(b"someone's")
-    write_class_cams(tmp_path, "a.jpg", thumb, cams[1:], [3])
+    write_class_cams(tmp_path, "a.jpg", cam_thumbnails(thumb, cams[1:]), [3])
     assert sorted(p.name for p in folder.iterdir()) == ["1", "3.jpg", "notes.jpg"]
     entry = {"present": ["x/../y", "c1"]}
     assert present_indices(entry, ["background", "c1", "x/../y"]) == [2, 1]

@@ -231,7 +231,7 @@ def test_a_full_disk_names_the_file_and_keeps_what_is_done(trained, tmp_path, mo
 
     monkeypatch.setattr(fileio, "atomic_open", disk_full_for_one)
     args = [str(ckpt), str(inp), str(out), "--scales", "1.0", "--no-flip", "--workers", "0", "--no-progress",
-            "--gallery"]  # fmt: skip
+            "--gallery", "--write-threads", "1"]  # fmt: skip  (one writer: no image is written beside the failing one)
     assert infer_cli.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: cannot write {full}: the disk is full"), err

@@ -44,6 +44,7 @@ uint8 mask.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_
 from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
 from wsss.utils.distributed import rank_and_world
 from wsss.utils.fileio import image_to_rgb, read_image
-from wsss.utils.tensors import argmax
+from wsss.utils.tensors import argmax, to_device
 
 __all__ = [
     "BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "classes_shown", "longest_side", "row_bands",
@@ -184,6 +185,10 @@ class BatchOutputs:
     brings them to the images' own size a band at a time: the torch-level building block of
     :meth:`Segmenter.predict` and of the folder runner.
 
+    The host waits for the device twice per batch, whatever its size: for the classifier's logits
+    (:attr:`cls_logits`, from which the host decides each image's classes) and for the masks (:meth:`masks`), or once
+    per image for the CRF's labels. Class selections given to the methods are host tensors.
+
     Attributes:
         out: ``seg`` (B, C, h, w) logits, ``cls_logits`` (B, C-1), ``cam`` (B, C-1, h, w) or None.
         size: (H, W) of the images.
@@ -200,20 +205,28 @@ class BatchOutputs:
     def bands(self) -> Iterator[tuple[int, int]]:
         return row_bands(self.size[0], self.size[1], self.band_pixels)
 
-    def mask(self, i: int, keep: Tensor) -> np.ndarray:
-        """(H, W) uint8 argmax of image ``i``'s logits over the classes ``keep`` (a (C,) bool) allows."""
-        index = keep.nonzero()[:, 0].to(self.out.seg.device)
-        logits = self.out.seg[i, index]
-        mask = np.empty(self.size, np.uint8)
-        for start, stop in self.bands():
-            mask[start:stop] = index[argmax(self.resize.band(logits, start, stop), 0)].to(torch.uint8).cpu().numpy()
-        return mask
+    @functools.cached_property
+    def cls_logits(self) -> Tensor:
+        """(B, C-1) float32 classifier logits on the host (copied once)."""
+        return self.out.cls_logits.float().cpu()
+
+    def masks(self, keep: Tensor) -> np.ndarray:
+        """(B, H, W) uint8: the argmax of each image's logits over the classes its row of ``keep`` ((B, C) bool)
+        allows, computed on the device and copied to the host in one piece."""
+        device = self.out.seg.device
+        masks = torch.empty((len(keep), *self.size), dtype=torch.uint8, device=device)
+        for i, allowed in enumerate(keep):
+            index = to_device(allowed.nonzero()[:, 0], device)
+            logits = self.out.seg[i].index_select(0, index)
+            for start, stop in self.bands():
+                masks[i, start:stop] = index.take(argmax(self.resize.band(logits, start, stop), 0))
+        return masks.cpu().numpy()
 
     def probabilities(self, i: int, keep: Tensor, on_device: bool = False) -> np.ndarray | Tensor:
-        """(K, H, W) float32 softmax of image ``i``'s logits over the K classes ``keep`` allows (the CRF's
-        input; its labels index ``keep.nonzero()``): a numpy array, or with ``on_device`` a tensor on the model's
-        device (for the torch CRF there)."""
-        logits = self.out.seg[i, keep.nonzero()[:, 0].to(self.out.seg.device)]
+        """(K, H, W) float32 softmax of image ``i``'s logits over the K classes ``keep`` (a (C,) bool) allows (the
+        CRF's input; its labels index ``keep.nonzero()``): a numpy array, or with ``on_device`` a tensor on the
+        model's device (for the torch CRF there)."""
+        logits = self.out.seg[i].index_select(0, to_device(keep.nonzero()[:, 0], self.out.seg.device))
         bands = (self.resize.band(logits, start, stop).float().softmax(dim=0) for start, stop in self.bands())
         if on_device:
             return torch.cat(list(bands), dim=1)
@@ -227,17 +240,16 @@ class BatchOutputs:
         (a (C-1,) bool)."""
         if self.out.cam is None:
             raise ValueError("the CAMs were not computed: call Segmenter.run_batch with cams=True")
-        cams = self.out.cam[i, classes.to(self.out.cam.device)]
+        cams = self.out.cam[i].index_select(0, to_device(classes.nonzero()[:, 0], self.out.cam.device))
         for start, stop in self.bands():
             yield start, self.resize.band(cams, start, stop)
 
-    def small_logits(self, i: int, factor: int) -> np.ndarray:
-        """(C, ceil(H/factor), ceil(W/factor)) float16 logits of image ``i`` (bilinear, antialiased when
-        shrinking): bilinear upsampling to (H, W) recovers the full map."""
+    def small_logits(self, factor: int) -> np.ndarray:
+        """(B, C, ceil(H/factor), ceil(W/factor)) float16 logits (bilinear, antialiased when shrinking), copied to
+        the host in one piece: bilinear upsampling to (H, W) recovers the full maps."""
         size = (-(-self.size[0] // factor), -(-self.size[1] // factor))
-        small = F.interpolate(self.out.seg[i : i + 1].float(), size=size, mode="bilinear", align_corners=False,
-                              antialias=True)  # fmt: skip
-        return small[0].to(torch.float16).cpu().numpy()
+        small = F.interpolate(self.out.seg.float(), size=size, mode="bilinear", align_corners=False, antialias=True)
+        return small.to(torch.float16).cpu().numpy()
 
 
 class Segmenter:
@@ -301,19 +313,19 @@ class Segmenter:
         return next(self.model.parameters()).device
 
     def mask_classes(self, cls_logits: Tensor) -> Tensor:
-        """(C-1,) classifier logits -> (C,) bool: the classes the mask may hold (``infer.mask_classes``): the
-        background and the present classes (top-1 rule), or every class."""
+        """(..., C-1) classifier logits -> (..., C) bool: the classes the mask may hold (``infer.mask_classes``):
+        the background and the present classes (top-1 rule), or every class."""
         if self.cfg.mask_classes == "all":
-            return torch.ones(cls_logits.shape[0] + 1, dtype=torch.bool, device=cls_logits.device)
+            return cls_logits.new_ones((*cls_logits.shape[:-1], cls_logits.shape[-1] + 1), dtype=torch.bool)
         present, _ = predicted_classes(cls_logits, self.cfg.cls_thresh)
-        return torch.cat([present.new_ones(1), present])
+        return torch.cat([present.new_ones((*present.shape[:-1], 1)), present], dim=-1)
 
     def present_classes(self, cls_logits: Tensor, mask: np.ndarray) -> tuple[Tensor, bool]:
         """The ``present`` classes of an image: (C-1,) bool, the classes the classifier finds (``infer.cls_thresh``,
-        or its top-1 when none passes) that the (H, W) uint8 ``mask`` shows; and whether the top-1 rule chose them."""
+        or its top-1 when none passes) that the (H, W) uint8 ``mask`` shows; and whether the top-1 rule chose them.
+        ``cls_logits``: its (C-1,) logits on the host."""
         chosen, top1 = predicted_classes(cls_logits, self.cfg.cls_thresh)
-        shown = torch.from_numpy(classes_shown(mask, len(self.classes))[1:]).to(chosen.device)
-        return chosen & shown, top1
+        return chosen & torch.from_numpy(classes_shown(mask, len(self.classes))[1:]), bool(top1)
 
     def model_input(self, raw: np.ndarray, size: tuple[int, int], band_pixels: int) -> Tensor:
         """(3, h, w) normalised model input of an (H, W, 3) uint8 image: at its own size, or downscaled to ``size``
@@ -321,10 +333,10 @@ class Segmenter:
         image, which is ``F.interpolate`` of the whole normalised image up to float rounding without the full-size
         float image."""
         if tuple(raw.shape[:2]) == tuple(size):
-            return normalize(raw, self.mean, self.std).to(self.device)
+            return normalize(raw, self.mean, self.std, self.device)
 
         def band(start: int, stop: int) -> Tensor:
-            return normalize(raw[start:stop], self.mean, self.std)[None].to(self.device)
+            return normalize(raw[start:stop], self.mean, self.std, self.device)[None]
 
         return shrink(band, raw.shape[:2], size, band_pixels)[0]
 
@@ -418,7 +430,10 @@ class Segmenter:
 
         def run() -> None:
             batch = self.run_batch(pending, scales, flip, max_size, cams)
-            results.extend(self._result(batch, i, raw, crf) for i, raw in enumerate(pending))
+            keep = self.mask_classes(batch.cls_logits)
+            masks = None if crf else batch.masks(keep)
+            for i, raw in enumerate(pending):
+                results.append(self._result(batch, i, raw, keep[i], None if masks is None else masks[i]))
             pending.clear()
 
         for image in images:
@@ -432,19 +447,19 @@ class Segmenter:
 
     __call__ = predict
 
-    def _result(self, batch: BatchOutputs, i: int, raw: np.ndarray, crf: bool) -> Segmentation:
-        """The :class:`Segmentation` of image ``i`` of ``batch``, whose pixels are ``raw``."""
-        cls_logits = batch.out.cls_logits[i]
-        keep = self.mask_classes(cls_logits)
-        if crf:
+    def _result(
+        self, batch: BatchOutputs, i: int, raw: np.ndarray, keep: Tensor, mask: np.ndarray | None
+    ) -> Segmentation:
+        """The :class:`Segmentation` of image ``i`` of ``batch``, whose pixels are ``raw``: its ``mask`` given, or
+        None for the dense CRF's over the classes ``keep`` allows."""
+        cls_logits = batch.cls_logits[i]
+        if mask is None:
             probs = batch.probabilities(i, keep, on_device=self.cfg.crf.backend == "torch")
             labels = crf_labels(raw, probs, self.cfg.crf)
             labels = labels.cpu().numpy() if isinstance(labels, Tensor) else labels
-            mask = keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy()[labels]
-        else:
-            mask = batch.mask(i, keep)
+            mask = keep.nonzero()[:, 0].to(torch.uint8).numpy()[labels]
         present, top1 = self.present_classes(cls_logits, mask)
-        ids = present.nonzero()[:, 0].cpu().numpy().astype(np.int64) + 1
+        ids = present.nonzero()[:, 0].numpy().astype(np.int64) + 1
         names = [self.classes[k] for k in ids.tolist()]
         cam_maps = None
         if batch.out.cam is not None:
@@ -454,7 +469,7 @@ class Segmenter:
                     cam_maps[name][start : start + plane.shape[0]] = plane.cpu().numpy()
         return Segmentation(
             mask=mask,
-            scores=cls_logits.float().sigmoid().cpu().numpy(),
+            scores=cls_logits.sigmoid().numpy(),
             present_ids=ids,
             present=names,
             top1_fallback=top1,

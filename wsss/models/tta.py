@@ -102,12 +102,11 @@ def predict_logits(
     return tta_forward(model, image, scales, flip).seg
 
 
-def predicted_classes(cls_logits: Tensor, threshold: float) -> tuple[Tensor, bool]:
-    """(C-1,) classifier logits -> (bool mask of the foreground classes to show, whether it is the top-1
-    fallback because no class passes ``sigmoid > threshold``)."""
+def predicted_classes(cls_logits: Tensor, threshold: float) -> tuple[Tensor, Tensor]:
+    """(..., C-1) classifier logits -> ((..., C-1) bool: the foreground classes to show; (...) bool: whether they
+    are the top-1 fallback because no class passes ``sigmoid > threshold``). Computed where the logits are, without
+    reading them on the host."""
     present = cls_logits.sigmoid() > threshold
-    if present.any():
-        return present, False
-    top = torch.zeros_like(present)
-    top[cls_logits.argmax()] = True
-    return top, True
+    top1 = ~present.any(dim=-1)
+    top = F.one_hot(cls_logits.argmax(dim=-1), cls_logits.shape[-1]).bool()
+    return torch.where(top1[..., None], top, present), top1

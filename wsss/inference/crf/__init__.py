@@ -41,7 +41,7 @@ from wsss.config import CrfConfig
 from wsss.inference.crf.permutohedral import build_lattice
 from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.utils.lifetime import die_with_parent
-from wsss.utils.tensors import argmax
+from wsss.utils.tensors import argmax, to_device
 
 UNARY_CLIP = 1e-5
 """Probabilities are clipped to ``[UNARY_CLIP, 1]`` before the log (pydensecrf's ``unary_from_softmax``)."""
@@ -267,9 +267,8 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
     classes = max(p.shape[0] for p in probs)
     unary = torch.full((sum(sizes), classes), float("inf"), dtype=dtype, device=device)  # absent classes: p = 0
     rows, features_g, features_b = 0, [], []
-    sxy_g = torch.tensor(cfg.gaussian_sxy, dtype=torch.float32, device=device)
-    sxy_b = torch.tensor(cfg.bilateral_sxy, dtype=torch.float32, device=device)
-    srgb = torch.tensor(cfg.bilateral_srgb, dtype=torch.float32, device=device)
+    sxy_g, sxy_b, srgb = (to_device(torch.tensor(v, dtype=torch.float32), device)
+                          for v in (cfg.gaussian_sxy, cfg.bilateral_sxy, cfg.bilateral_srgb))  # fmt: skip
     for image, p in zip(images, probs, strict=True):
         if p.device != device:
             raise ValueError(f"dense_crf_batch needs every probability tensor on one device: {p.device} != {device}")
@@ -278,11 +277,11 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
         rows += h * w
         y, x = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
         xy = torch.stack([x.reshape(-1), y.reshape(-1)], dim=1).float()  # pydensecrf: feature (x, y) = (column, row)
-        rgb = _tensor(image, np.uint8).to(device).reshape(-1, 3).float()
+        rgb = to_device(_tensor(image, np.uint8), device).reshape(-1, 3).float()
         # true division, as pydensecrf's i / sx (CUDA would multiply by a reciprocal for a Python scalar)
         features_g.append(xy / sxy_g)
         features_b.append(torch.cat([xy / sxy_b, rgb / srgb], dim=1))
-    segments = torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
+    segments = torch.cat([torch.full((n,), k, device=device) for k, n in enumerate(sizes)])
     kernels = []
     for features, compat in ((features_g, cfg.gaussian_compat), (features_b, cfg.bilateral_compat)):
         if compat == 0:

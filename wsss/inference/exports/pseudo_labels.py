@@ -381,7 +381,7 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
                 except ValueError as err:
                     skipped.append(Skipped(src.rel, str(err)))
                     continue
-                image = normalize(raw, mean, std)[None].to(device)
+                image = normalize(raw, mean, std, device)[None]
                 labels = torch.from_numpy(dataset.labels[src.rel].astype(np.float32))[None].to(device)
                 certain, dense = pseudo_masks(model, image, labels, cfg, mean, std, par, pool, raw)
                 for path, mask in zip(plan.paths[src.rel], (certain, dense), strict=True):

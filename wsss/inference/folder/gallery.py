@@ -27,12 +27,11 @@ from urllib.parse import quote
 
 import numpy as np
 from PIL import Image
-from torch import Tensor
 
 from wsss.data.classes import voc_palette
 from wsss.inference.folder.layout import OutputLayout
 from wsss.inference.folder.sources import writing
-from wsss.inference.folder.visualize import cam_thumbnails, resize_labels
+from wsss.inference.folder.visualize import resize_labels
 from wsss.utils.fileio import atomic_write_text, read_mask, save_image, save_mask
 
 __all__ = [
@@ -78,15 +77,14 @@ def class_cam_paths(output: Path, rel: str, indices: Sequence[int]) -> dict[int,
     return OutputLayout(output).class_cam_paths(rel, indices)
 
 
-def write_class_cams(output: Path, rel: str, thumb: np.ndarray, cams: Tensor, indices: Sequence[int]) -> None:
+def write_class_cams(output: Path, rel: str, pictures: Sequence[np.ndarray], indices: Sequence[int]) -> None:
     """Write the CAM thumbnails of input ``rel`` (:func:`class_cam_paths`), and remove those of classes not in
     ``indices`` left by an earlier run.
 
     Args:
         output: The output folder.
         rel: The input's relative path.
-        thumb: (th, tw, 3) uint8 thumbnail the CAMs are blended over.
-        cams: (K, h, w) CAMs in [0, 1] at the model's resolution
+        pictures: K uint8 pictures, each a CAM blended over the image's thumbnail
             (:func:`~wsss.inference.folder.visualize.cam_thumbnails`).
         indices: The K class indices.
 
@@ -100,7 +98,7 @@ def write_class_cams(output: Path, rel: str, thumb: np.ndarray, cams: Tensor, in
             if old.stem.isdigit() and int(old.stem) not in paths and old.is_file():
                 with writing(old):
                     old.unlink(missing_ok=True)
-    for path, picture in zip(paths.values(), cam_thumbnails(thumb, cams), strict=True):
+    for path, picture in zip(paths.values(), pictures, strict=True):
         with writing(path):
             save_image(path, picture)
 

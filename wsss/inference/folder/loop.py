@@ -13,6 +13,11 @@ are submitted together as soon as their probabilities exist: the ``torch`` backe
 model's device (the probabilities never leave it); the ``pydensecrf`` backend queues them to its worker processes and
 an image's files are written when its job finishes, so the model loop does not wait for the CRF (a queued image
 keeps its batch's model outputs, at the model's resolution, until then).
+
+The files are encoded and written by :class:`FileWriters`' threads, in the order above within each image, while the
+main thread goes on with the next batch (PNG encoding and fsync release the GIL): what reads the device (the CAM
+pictures) is done before an image's files are queued. A write that fails (a full disk) stops the writers: no image
+queued after it starts, the images being written beside it (``write_threads`` - 1 at most) finish.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ import io
 import json
 import os
 from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,14 +47,23 @@ from wsss.inference.crf import CrfPool
 from wsss.inference.folder.batching import ImageList, SizeBuckets, identity
 from wsss.inference.folder.gallery import write_class_cams
 from wsss.inference.folder.sources import Source, save_output
-from wsss.inference.folder.visualize import cam_legend, cam_overlay, cam_peaks, draw_cam_legend, mask_overlay, thumbnail
+from wsss.inference.folder.visualize import (
+    cam_legend,
+    cam_overlay,
+    cam_peaks,
+    cam_thumbnails,
+    draw_cam_legend,
+    mask_overlay,
+    thumbnail,
+)
 from wsss.inference.predictor import BatchOutputs, Segmenter
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
 from wsss.utils.lifetime import die_with_parent
+from wsss.utils.tensors import to_device
 
 THUMB_SIZE = 256
 
-__all__ = ["THUMB_SIZE", "CrfJobs", "InferenceLoop", "LoopSetup"]
+__all__ = ["THUMB_SIZE", "CrfJobs", "FileWriters", "InferenceLoop", "LoopSetup"]
 
 Item = tuple[Source, dict[str, Path], np.ndarray]
 """An image of the loop: its source, its output paths, its (H, W, 3) uint8 pixels."""
@@ -99,6 +113,68 @@ class CrfJobs:
             yield key, labels
 
 
+class FileWriters:
+    """Images' files written by threads, finished in submission order.
+
+    Args:
+        threads: Writing threads; 0 writes in the calling thread, at :meth:`submit`.
+        limit: Images queued before :meth:`finished` waits for the oldest (bounds the memory their pictures hold).
+    """
+
+    def __init__(self, threads: int, limit: int) -> None:
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="wsss-write") if threads else None
+        self.limit = limit
+        self.pending: deque[tuple[Any, Future]] = deque()
+        self.failed = False
+        """A write failed: the images queued after it are not written."""
+
+    def submit(self, key: Any, writes: list[Callable[[], None]]) -> None:
+        """Queue an image's ``writes``, to be run in their order."""
+        if self.pool is None:
+            future: Future = Future()
+            try:
+                self._run(writes)
+                future.set_result(None)
+            except BaseException as err:  # delivered through the future, as the pool would
+                future.set_exception(err)
+        else:
+            future = self.pool.submit(self._run, writes)
+        self.pending.append((key, future))
+
+    def _run(self, writes: list[Callable[[], None]]) -> None:
+        if self.failed:
+            raise _NotWritten
+        try:
+            for write in writes:
+                write()
+        except BaseException:
+            self.failed = True
+            raise
+
+    def finished(self, block: bool) -> Iterator[Any]:
+        """The keys of the images written, oldest first: with ``block`` every queued one, else the finished ones and
+        the oldest while more than the limit are queued. A failed write raises its error (an
+        :class:`~wsss.inference.folder.sources.OutputError`)."""
+        limit = 0 if block else self.limit
+        while self.pending and (self.pending[0][1].done() or len(self.pending) > limit):
+            key, future = self.pending.popleft()
+            future.result()
+            yield key
+
+    def close(self) -> list[Any]:
+        """Stop: the queued images not started are dropped, those being written finish. The keys of the images
+        written that :meth:`finished` has not yet given, in order."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        done = [k for k, f in self.pending if f.done() and not f.cancelled() and f.exception() is None]
+        self.pending.clear()
+        return done
+
+
+class _NotWritten(Exception):
+    """An image queued after a failed write: not started."""
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The loop
 
@@ -117,6 +193,7 @@ class LoopSetup:
         logits_stride: Downscaling of the saved logits.
         batch_size: Images per forward batch.
         num_workers: Decoding processes.
+        write_threads: Threads encoding and writing the files (:class:`FileWriters`).
         progress: Show a progress bar.
         cams: Compute CAMs (CAM overlays or the gallery).
     """
@@ -129,6 +206,7 @@ class LoopSetup:
     logits_stride: int
     batch_size: int
     num_workers: int
+    write_threads: int
     progress: bool
     cams: bool
 
@@ -161,6 +239,8 @@ class InferenceLoop:
         )
         buckets = SizeBuckets(self.setup.batch_size)
         self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.setup.progress)
+        threads = self.setup.write_threads
+        self.writers = FileWriters(threads, self.setup.batch_size + 2 * threads)
         try:
             for item in loader:
                 src, paths = todo[item["index"]]
@@ -172,7 +252,10 @@ class InferenceLoop:
             for batch in buckets.flush():
                 self._run_batch(batch)
             self._collect(block=True)
+            self._written(block=True)
         finally:
+            for rel in self.writers.close():  # an error or an interrupt: the images whose files were all written
+                self._done(rel)
             self.bar.close()
 
     def _skip(self, src: Source, reason: str) -> None:
@@ -183,23 +266,35 @@ class InferenceLoop:
         self.handled += 1
         self.bar.update(1)
 
+    def _done(self, rel: str) -> None:
+        self.finished.append(rel)
+        self._advance()
+
+    def _written(self, block: bool) -> None:
+        for rel in self.writers.finished(block):
+            self._done(rel)
+
     def _run_batch(self, batch: list[Item]) -> None:
         setup, segmenter = self.setup, self.setup.segmenter
         images = [raw for _, _, raw in batch]
         pred = segmenter.run_batch(images, setup.scales, setup.flip, setup.max_size, cams=setup.cams)
+        keep = segmenter.mask_classes(pred.cls_logits)  # each image's classes, decided on the host
+        masks = pred.masks(keep) if self.crf is None else None
+        logits = pred.small_logits(setup.logits_stride) if any("logits" in paths for _, paths, _ in batch) else None
         jobs = []
         for i, (src, paths, raw) in enumerate(batch):
             if "logits" in paths:
-                save_output(paths["logits"], _save_npy, pred.small_logits(i, self.setup.logits_stride))
-            keep = segmenter.mask_classes(pred.out.cls_logits[i])
-            if self.crf is not None:
-                index = keep.nonzero()[:, 0].to(torch.uint8).cpu().numpy()
-                jobs.append(((pred, i, src, paths, raw, index), raw, pred.probabilities(i, keep, self.crf.on_device)))
+                save_output(paths["logits"], _save_npy, logits[i])
+            if masks is None:
+                index = keep[i].nonzero()[:, 0].to(torch.uint8).numpy()
+                probs = pred.probabilities(i, keep[i], self.crf.on_device)
+                jobs.append(((pred, i, src, paths, raw, index), raw, probs))
             else:
-                self._finish(pred, i, src, paths, raw, pred.mask(i, keep))
+                self._finish(pred, i, src, paths, raw, masks[i])
         if jobs:
             self.crf.submit(jobs)
         self._collect(block=False)
+        self._written(block=False)
 
     def _collect(self, block: bool) -> None:
         """Write the files of the images whose CRF jobs finished (see :meth:`CrfJobs.ready`)."""
@@ -214,8 +309,9 @@ class InferenceLoop:
     def _finish(
         self, pred: BatchOutputs, i: int, src: Source, paths: dict[str, Path], raw: np.ndarray, mask: np.ndarray
     ) -> None:
-        """Write the files of image ``i`` of ``pred`` that follow its ``mask``, and last the mask."""
-        segmenter, cls_logits = self.setup.segmenter, pred.out.cls_logits[i]
+        """Queue the writes of image ``i`` of ``pred`` that follow its ``mask``, and last the mask; the pictures
+        that read the device are made here."""
+        segmenter, cls_logits = self.setup.segmenter, pred.cls_logits[i]
         names = segmenter.classes[1:]
         present, top1 = segmenter.present_classes(cls_logits, mask)
         entry = {
@@ -224,20 +320,21 @@ class InferenceLoop:
             "top1_fallback": top1,
             "scores": {n: round(p, 4) for n, p in zip(names, cls_logits.sigmoid().tolist(), strict=True)},
         }
-        save_output(paths["labels"], atomic_write_text, json.dumps(entry) + "\n")  # before the mask: it marks it done
+        writes = [functools.partial(save_output, paths["labels"], atomic_write_text, json.dumps(entry) + "\n")]
         if "cams" in paths:
-            save_output(paths["cams"], save_image, _cam_picture(pred, i, present, raw, segmenter.classes))
+            picture = _cam_picture(pred, i, present, raw, segmenter.classes)
+            writes.append(functools.partial(save_output, paths["cams"], save_image, picture))
         if "thumbs" in paths:  # the thumbnail last: it marks the image's CAM thumbnails complete
             thumb = thumbnail(raw, THUMB_SIZE)
             shown = present.nonzero()[:, 0]
-            cams = pred.out.cam[i, shown.to(pred.out.cam.device)]
-            write_class_cams(self.setup.output, src.rel, thumb, cams, (shown + 1).tolist())
-            save_output(paths["thumbs"], save_image, thumb)
+            pictures = cam_thumbnails(thumb, pred.out.cam[i].index_select(0, to_device(shown, pred.out.cam.device)))
+            indices = (shown + 1).tolist()
+            writes.append(functools.partial(write_class_cams, self.setup.output, src.rel, pictures, indices))
+            writes.append(functools.partial(save_output, paths["thumbs"], save_image, thumb))
         if "overlays" in paths:
-            save_output(paths["overlays"], save_image, mask_overlay(raw, mask))
-        save_output(paths["masks"], save_mask, mask, self.palette)
-        self.finished.append(src.rel)
-        self._advance()
+            writes.append(lambda: save_output(paths["overlays"], save_image, mask_overlay(raw, mask)))
+        writes.append(functools.partial(save_output, paths["masks"], save_mask, mask, self.palette))
+        self.writers.submit(src.rel, writes)
 
 
 def _cam_picture(pred: BatchOutputs, i: int, present: Tensor, raw: np.ndarray, classes: list[str]) -> np.ndarray:
@@ -246,8 +343,9 @@ def _cam_picture(pred: BatchOutputs, i: int, present: Tensor, raw: np.ndarray, c
     colour scale, each class named at its CAM's peak (:func:`~wsss.inference.folder.visualize.cam_legend`)."""
     shown = present.nonzero()[:, 0].tolist()
     height, width = raw.shape[:2]
-    peaks = cam_peaks(pred.out.cam[i, present.to(pred.out.cam.device)], (height, width))
-    scores = pred.out.cls_logits[i].float().sigmoid()[present.to(pred.out.cls_logits.device)].tolist()
+    cams = pred.out.cam[i].index_select(0, to_device(present.nonzero()[:, 0], pred.out.cam.device))
+    peaks = cam_peaks(cams, (height, width))
+    scores = pred.cls_logits[i].sigmoid()[present].tolist()
     legend = cam_legend(width, [classes[k + 1] for k in shown], scores, peaks, [k + 1 for k in shown])
     out = np.empty((legend.height + height, width, 3), np.uint8)
     for start, band in pred.cams(i, present):

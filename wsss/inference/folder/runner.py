@@ -64,7 +64,8 @@ images: with the size cap no op takes more than seconds, so SIGTERM ends a run w
 image's outputs are whole (the mask, written last, marks it finished) and a half-written file is never left in
 place; a re-run finishes the rest.
 
-A full disk: the run stops at the first output that cannot be written, still writes ``image_labels.json``, the
+A full disk: the run stops at the first output that cannot be written (an image being written beside it by another
+of the ``write_threads`` finishes, none queued after it starts), still writes ``image_labels.json``, the
 gallery and ``summary.json`` for the images finished (where space allows) and raises
 :class:`~wsss.inference.folder.sources.OutputError`, one line naming the file and what was kept.
 
@@ -121,6 +122,7 @@ class InferenceOptions:
         batch_size: Images per forward batch (same-size images only).
         overwrite: Redo images whose outputs exist.
         num_workers: Image decoding processes (0: in the main process).
+        write_threads: Threads encoding and writing the outputs while the model goes on (0: in the main thread).
         crf_workers: CRF processes of the ``pydensecrf`` backend; None takes ``infer.crf.workers`` (0: serial).
         max_size: Longest side an image is brought to before the scales (0: no cap of its own, 2048 px over the
             largest scale still bounds it); None takes ``infer.max_size`` (see :class:`Segmenter`).
@@ -139,6 +141,7 @@ class InferenceOptions:
     batch_size: int = 1
     overwrite: bool = False
     num_workers: int = 2
+    write_threads: int = 2
     crf_workers: int | None = None
     max_size: int | None = None
     progress: bool = True
@@ -154,7 +157,8 @@ class InferenceOptions:
         if self.scales is not None:
             check_scales(self.scales, "--scales")
         bounds = (("--max-size", self.max_size, 0, " (0: no cap)"), ("--batch-size", self.batch_size, 1, ""),
-                  ("--workers", self.num_workers, 0, ""), ("--crf-workers", self.crf_workers, 0, ""))  # fmt: skip
+                  ("--workers", self.num_workers, 0, ""), ("--crf-workers", self.crf_workers, 0, ""),
+                  ("--write-threads", self.write_threads, 0, ""))  # fmt: skip
         for option, value, low, note in bounds:
             if value is not None and value < low:
                 raise ValueError(f"{option}: must be >= {low}{note}, got {value}")
@@ -270,7 +274,8 @@ def run_inference(
             segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer, checkpoint), output=layout.root,
             scales=scales,
             flip=flip, max_size=max_size, logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size,
-            num_workers=opts.num_workers, progress=opts.progress, cams="cams" in layout.kinds,
+            num_workers=opts.num_workers, write_threads=opts.write_threads, progress=opts.progress,
+            cams="cams" in layout.kinds,
         )  # fmt: skip
         loop = InferenceLoop(setup, crf)
         tic = time.perf_counter()
