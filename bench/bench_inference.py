@@ -23,6 +23,10 @@ Two more rows per mode bound the loop from both sides:
   work: decoding, preprocessing, TTA resizing, the masks, the CRF in its mode, PNG writing, Python. It runs on any
   machine, the CPU included: the CPU proxy of the GPU loop's overhead.
 
+The loop rows also give the CPU time of the loop's own thread per image (``time.thread_time`` around
+:meth:`~wsss.inference.folder.loop.InferenceLoop.run`: without the decoding processes and the writing threads), the
+host's serial share, at each ``--write-threads`` count.
+
 ``--case coco``: 640 x 480 images and ``configs/coco_centered.py`` (81 classes) by default, the COCO-sized case.
 
 CRF pool: the dense CRF alone (C = number of classes of the first config, probabilities made from the
@@ -48,6 +52,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import platform
 import shlex
@@ -232,7 +237,9 @@ def time_model(model: torch.nn.Module, mode: str, args: argparse.Namespace) -> f
     return best * args.num / (batches * args.batch_size)
 
 
-def bench_config(config: str, args: argparse.Namespace, images: Path, work: Path) -> list[tuple[str, str, float]]:
+def bench_config(
+    config: str, args: argparse.Namespace, images: Path, work: Path
+) -> list[tuple[str, str, float, float]]:
     """(row, mode, seconds for ``--num`` images, the loop thread's CPU seconds or NaN) of each ``--rows`` x
     ``--modes``."""
     cfg = load_config(config, {"model.pretrained": ""})
@@ -342,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n| config | mode | what | images/s | ms / image | loop thread CPU ms / image |")
         print("|---|---|---|---:|---:|---:|")
         for config, row, mode, seconds, cpu in table:
-            thread = "-" if cpu != cpu else f"{cpu / args.num * 1000:.1f}"
+            thread = "-" if math.isnan(cpu) else f"{cpu / args.num * 1000:.1f}"
             rate = f"{args.num / seconds:.3f} | {seconds / args.num * 1000:.1f}"
             print(f"| {config} | {mode} | {row} | {rate} | {thread} |")
         if args.max_workers < 1 or importlib.util.find_spec("pydensecrf") is None:

@@ -14,6 +14,7 @@ import torch
 
 from wsss.cam import scaled_size
 from wsss.config import DataConfig
+from wsss.utils.tensors import to_device
 
 
 def backbone_mean_std(backbone: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -40,10 +41,10 @@ def normalize(
     """
     if not (image.flags.writeable and image.flags.c_contiguous):
         image = np.array(image, order="C")  # a copy
-    pixels = torch.from_numpy(image).to(device, non_blocking=True)
+    pixels = to_device(torch.from_numpy(image), device)
     x = pixels.permute(2, 0, 1).float().div_(255.0)
-    m = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1).to(x.device, non_blocking=True)
-    s = torch.tensor(std, dtype=torch.float32).view(3, 1, 1).to(x.device, non_blocking=True)
+    m = to_device(torch.tensor(mean, dtype=torch.float32).view(3, 1, 1), x.device)
+    s = to_device(torch.tensor(std, dtype=torch.float32).view(3, 1, 1), x.device)
     return (x - m) / s
 
 

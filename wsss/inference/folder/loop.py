@@ -2,12 +2,11 @@
 the dense CRF jobs, and the outputs of each image.
 
 Batching (:mod:`wsss.inference.folder.batching`): a batch holds images of one size. Each scale of a batch of ``n``
-images
-is one forward pass of ``2n`` (with flip). Results are identical to ``batch_size=1`` up to float rounding.
+images is one forward pass of ``2n`` (with flip). Results are identical to ``batch_size=1`` up to float rounding.
 
-Each image's files are written in an order that makes the mask the mark of a finished image: its logits, then,
-once its mask exists (the ``present`` classes are those of the classifier that the mask shows,
-:meth:`~wsss.inference.predictor.Segmenter.present_classes`), its ``labels/`` entry, CAM overlay, CAM thumbnails
+Each image's files are written, once its mask exists, in an order that makes the mask the mark of a finished image:
+its logits, its ``labels/`` entry (the ``present`` classes are those of the classifier that the mask shows,
+:meth:`~wsss.inference.predictor.Segmenter.present_classes`), CAM overlay, CAM thumbnails
 and thumbnail, then its overlay and last its mask. With the dense CRF (:class:`CrfJobs`) the images of a model batch
 are submitted together as soon as their probabilities exist: the ``torch`` backend runs them in one call on the
 model's device (the probabilities never leave it); the ``pydensecrf`` backend queues them to its worker processes and
@@ -283,14 +282,13 @@ class InferenceLoop:
         logits = pred.small_logits(setup.logits_stride) if any("logits" in paths for _, paths, _ in batch) else None
         jobs = []
         for i, (src, paths, raw) in enumerate(batch):
-            if "logits" in paths:
-                save_output(paths["logits"], _save_npy, logits[i])
+            small = None if logits is None else logits[i]
             if masks is None:
                 index = keep[i].nonzero()[:, 0].to(torch.uint8).numpy()
                 probs = pred.probabilities(i, keep[i], self.crf.on_device)
-                jobs.append(((pred, i, src, paths, raw, index), raw, probs))
+                jobs.append(((pred, i, src, paths, raw, small, index), raw, probs))
             else:
-                self._finish(pred, i, src, paths, raw, masks[i])
+                self._finish(pred, i, src, paths, raw, small, masks[i])
         if jobs:
             self.crf.submit(jobs)
         self._collect(block=False)
@@ -300,17 +298,24 @@ class InferenceLoop:
         """Write the files of the images whose CRF jobs finished (see :meth:`CrfJobs.ready`)."""
         if self.crf is None:
             return
-        for (pred, i, src, paths, raw, index), labels in self.crf.ready(block):
+        for (pred, i, src, paths, raw, small, index), labels in self.crf.ready(block):
             if isinstance(labels, Exception):
                 self._skip(src, f"dense CRF failed ({type(labels).__name__}: {labels})")
-            else:
-                self._finish(pred, i, src, paths, raw, index[labels])  # the CRF's labels index the classes it got
+            else:  # the CRF's labels index the classes it got
+                self._finish(pred, i, src, paths, raw, small, index[labels])
 
     def _finish(
-        self, pred: BatchOutputs, i: int, src: Source, paths: dict[str, Path], raw: np.ndarray, mask: np.ndarray
+        self,
+        pred: BatchOutputs,
+        i: int,
+        src: Source,
+        paths: dict[str, Path],
+        raw: np.ndarray,
+        small: np.ndarray | None,
+        mask: np.ndarray,
     ) -> None:
-        """Queue the writes of image ``i`` of ``pred`` that follow its ``mask``, and last the mask; the pictures
-        that read the device are made here."""
+        """Queue the writes of image ``i`` of ``pred``: its ``small`` logits (when asked for), the files that follow
+        its ``mask``, and last the mask; the pictures that read the device are made here."""
         segmenter, cls_logits = self.setup.segmenter, pred.cls_logits[i]
         names = segmenter.classes[1:]
         present, top1 = segmenter.present_classes(cls_logits, mask)
@@ -320,7 +325,8 @@ class InferenceLoop:
             "top1_fallback": top1,
             "scores": {n: round(p, 4) for n, p in zip(names, cls_logits.sigmoid().tolist(), strict=True)},
         }
-        writes = [functools.partial(save_output, paths["labels"], atomic_write_text, json.dumps(entry) + "\n")]
+        writes = [functools.partial(save_output, paths["logits"], _save_npy, small)] if "logits" in paths else []
+        writes.append(functools.partial(save_output, paths["labels"], atomic_write_text, json.dumps(entry) + "\n"))
         if "cams" in paths:
             picture = _cam_picture(pred, i, present, raw, segmenter.classes)
             writes.append(functools.partial(save_output, paths["cams"], save_image, picture))
