@@ -6,7 +6,9 @@ Cases: VOC-sized photographs (500 x 375) with 3 and 21 classes, COCO-sized (640 
 scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resized, with model-like probabilities
 (softmax of smooth random logits). For each case:
 
-- images/s of ``CrfPool`` with ``backend=pydensecrf`` and ``--cores`` worker processes, and of the torch backend
+- images/s of ``CrfPool`` with ``backend=pydensecrf`` and ``--cores`` worker processes; of pydensecrf inline, in
+  this process on one core (its unary, its two lattices and its mean-field, ``_pydensecrf``: no pool, no copy
+  between processes, no argmax: the library alone, the per-core peer with ``--cores 1``); and of the torch backend
   on the CPU with ``--cores`` threads, one image per call and all the images in one call;
 - peak memory of one image, each backend in a fresh process (peak RSS, VmHWM, above the RSS after imports);
 - on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory.
@@ -121,27 +123,31 @@ def cpu_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
 
     import torch
 
-    from wsss.inference.crf import CrfPool
+    from wsss.inference.crf import CrfPool, _pydensecrf
 
     torch.set_num_threads(args.cores)
     have_reference = importlib.util.find_spec("pydensecrf") is not None
     print(f"torch {torch.__version__}, {args.cores} cores, {args.images} images per case")
-    print("| case | pydensecrf pool img/s | torch CPU 1/call img/s | torch CPU batch img/s | torch / pool | "
-          "peak MiB pydensecrf | peak MiB torch |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| case | pydensecrf pool img/s | pydensecrf inline img/s | torch CPU 1/call img/s | torch CPU batch img/s "
+          "| torch / pool | torch / inline | peak MiB pydensecrf | peak MiB torch |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.cases:
         images, probs = case_inputs(name, args.images)
-        pooled, ref_mem = float("nan"), float("nan")
+        pooled, inline, ref_mem = float("nan"), float("nan"), float("nan")
         if have_reference:
             with CrfPool(replace(cfg, backend="pydensecrf", workers=args.cores)) as pool:
                 pooled = rate(lambda p=pool, i=images, q=probs: [f.result() for f in p.submit_batch(i, q)], len(images))
+            reference = replace(cfg, backend="pydensecrf")
+            inline = rate(lambda i=images, q=probs, r=reference: [_pydensecrf(*x, r) for x in zip(i, q, strict=True)],
+                          len(images))  # fmt: skip
             ref_mem = peak_memory(name, "pydensecrf")
         with CrfPool(cfg) as pool:
             single = rate(lambda p=pool, i=images, q=probs: [p.submit(*x).result() for x in zip(i, q, strict=True)],
                           len(images))  # fmt: skip
             batch = rate(lambda p=pool, i=images, q=probs: [f.result() for f in p.submit_batch(i, q)], len(images))
-        print(f"| {name} | {pooled:.2f} | {single:.2f} | {batch:.2f} | {max(single, batch) / pooled:.2f}x | "
-              f"{ref_mem:.0f} | {peak_memory(name, 'torch'):.0f} |")  # fmt: skip
+        best = max(single, batch)
+        print(f"| {name} | {pooled:.2f} | {inline:.2f} | {single:.2f} | {batch:.2f} | {best / pooled:.2f}x | "
+              f"{best / inline:.2f}x | {ref_mem:.0f} | {peak_memory(name, 'torch'):.0f} |")  # fmt: skip
 
 
 def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:

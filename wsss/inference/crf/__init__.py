@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from wsss.config import CrfConfig
-from wsss.inference.crf.permutohedral import build_lattice
+from wsss.inference.crf.permutohedral import build_lattice, workspace_for
 from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.utils.lifetime import die_with_parent
 from wsss.utils.tensors import argmax, to_device
@@ -292,12 +292,15 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
         kernels.append(lattice.scaled(compat * norm, norm))  # Potts: -compat * filtered, subtracted
     prior = unary.neg_()  # -unary, in its buffer
     per_stack = prior.shape[1] // stacks
-    q = _softmax(prior.clone().view(-1, per_stack)).view(prior.shape)
+    # every buffer made once: a fresh one per product or iteration costs its page faults on the CPU (Lattice.filter)
+    workspace = workspace_for(kernels, prior.shape[1], dtype, device) if kernels else None
+    q, message = torch.empty_like(prior), prior.clone()
+    _softmax(message.view(-1, per_stack), q.view(-1, per_stack))
     for _ in range(cfg.iterations):
-        message = prior.clone()
+        message.copy_(prior)
         for lattice in kernels:
-            lattice.filter(q, add_to=message)
-        q = _softmax(message.view(-1, per_stack)).view(prior.shape)
+            lattice.filter(q, add_to=message, workspace=workspace)
+        _softmax(message.view(-1, per_stack), q.view(-1, per_stack))
     out, rows = [], 0
     for p in probs:
         c, h, w = p.shape
@@ -306,14 +309,15 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
     return out
 
 
-def _softmax(message: Tensor) -> Tensor:
-    """The softmax of each row of (N, C) ``message``, in its buffer. Below 16 classes torch's kernel is slow (187,500
-    rows, one thread: 3 classes 9.7 ms against 1.9 ms this way, 12 classes 27.4 against 5.0); from 16 it is the
-    faster one (16: 2.8 against 5.8; 21: 5.2 against 8.7)."""
+def _softmax(message: Tensor, out: Tensor) -> None:
+    """``out`` = the softmax of each row of (N, C) ``message`` (overwritten below 16 classes). Below 16 classes
+    torch's kernel is slow (187,500 rows, one thread: 3 classes 9.7 ms against 1.9 ms this way, 12 classes 27.4
+    against 5.0); from 16 it is the faster one (16: 2.8 against 5.8; 21: 5.2 against 8.7)."""
     if message.shape[1] >= 16:
-        return torch.softmax(message, dim=1)
-    message = message.sub_(message.amax(dim=1, keepdim=True)).exp_()
-    return message.div_(message.sum(dim=1, keepdim=True))
+        torch.softmax(message, dim=1, out=out)
+        return
+    message.sub_(message.amax(dim=1, keepdim=True)).exp_()
+    torch.div(message, message.sum(dim=1, keepdim=True), out=out)
 
 
 def _pydensecrf(image: np.ndarray, probs: np.ndarray, cfg: CrfConfig) -> np.ndarray:

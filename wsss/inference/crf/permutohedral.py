@@ -13,14 +13,16 @@ barycentric weights:
   redundant) from the canonical simplex;
 - **lattice points** are the distinct keys: each image of a batch has its own (the image index is one more key
   coordinate), found exactly (no two keys can collide) through a table over every cell of the keys' ranges where it
-  is small (pixel positions), else by sorting integer codes, instead of pydensecrf's hash table; they are numbered
-  in the order that hash table inserts them (the first pixel reaching each), which keeps the products local;
+  is small (pixel positions), else by sorting integer codes, instead of pydensecrf's hash table; pixel positions'
+  points are numbered in the order that hash table inserts them (the first pixel reaching each), colour keys' in
+  the order of their codes, whichever keeps the products local (:func:`_index_vertices`);
 - **filtering**: splat (each value spread to its d+1 vertices with its barycentric weights), blur along each of the
   d+1 lattice directions with the kernel ``[1/2, 1, 1/2]`` (a missing neighbour counts as 0), slice (gather back
   with the same weights), scaled by ``alpha = 1 / (1 + 2^-d)``.
 
 Splat, blur and slice are sparse matrix products (CSR), built once per lattice, so a mean-field iteration is a few
-sparse-dense products on whatever device the features are on, and the sums are deterministic.
+sparse-dense products on whatever device the features are on, each into a buffer made once (:meth:`Lattice.filter`),
+and the sums are deterministic.
 """
 
 from __future__ import annotations
@@ -33,15 +35,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Lattice", "build_lattice"]
+__all__ = ["Lattice", "build_lattice", "workspace_for"]
 
 _CODE_BITS = 62
 """Keys pack into one int64 code when their coordinate ranges span fewer than 2 ** this many cells (else rows are
 sorted)."""
-_NATIVE_PRODUCT_COLUMNS = 48
-"""Filtering at least this many values per point (classes), the CPU multiplies through torch's own sparse kernel:
-measured per image on one thread against MKL's, in one process (bench/bench_crf.py's photographs): 81 classes 5.98 s
-against 7.55, 21 classes 0.92 against 0.81."""
 _DENSE_CELLS_PER_ENTRY = 4
 """Keys are numbered through a table over every cell of their ranges when it has at most this many cells per entry
 (a 2-d lattice of pixel positions: about 3; colour keys have far more): a scatter and gathers instead of a sort and
@@ -64,13 +62,24 @@ class Lattice:
     blur: list[Tensor]
     points: int
 
-    def filter(self, values: Tensor, add_to: Tensor | None = None) -> Tensor:
+    def filter(self, values: Tensor, add_to: Tensor | None = None, workspace: Tensor | None = None) -> Tensor:
         """(N, C) values of the lattice's dtype -> (N, C) Gaussian-filtered values (``Permutohedral::compute``),
-        added in place to ``add_to`` (N, C) when given (one pass over the output fewer)."""
-        lattice_values = _product(self.splat, values)
+        added in place to ``add_to`` (N, C) when given (one pass over the output fewer).
+
+        ``workspace``: a (2, R, C) tensor with R >= ``points`` + 1 that holds the lattice's values between products
+        (:func:`workspace_for`), reused by every call: each product writes into it in place (``addmm_``, ``beta=0``)
+        instead of into a fresh tensor, whose pages the CPU would fault in at every product (a fresh 100 MB
+        costs 40 ms on one core; the 81-class Gaussian filter of a 640 x 480 image took 259 ms against 79)."""
+        if workspace is None:
+            workspace = workspace_for([self], values.shape[1], values.dtype, values.device)
+        current, spare = workspace[0, : self.points + 1], workspace[1, : self.points + 1]
+        current.addmm_(self.splat, values, beta=0)
         for blur in self.blur:
-            lattice_values = _product(blur, lattice_values)
-        return self.slice @ lattice_values if add_to is None else add_to.addmm_(self.slice, lattice_values)
+            spare.addmm_(blur, current, beta=0)
+            current, spare = spare, current
+        if add_to is None:
+            add_to = values.new_zeros(values.shape)
+        return add_to.addmm_(self.slice, current)
 
     def scaled(self, outer: Tensor, inner: Tensor) -> Lattice:
         """The lattice whose :meth:`filter` gives ``outer * filter(inner * values)`` for (N, 1) ``outer`` and
@@ -114,11 +123,14 @@ def build_lattice(
     elevated = _elevate(features)
     rem0, rank = _enclosing_simplex(elevated)
     weights = _barycentric(elevated, rem0, rank)
-    vertex, neighbours, m = _index_vertices(rem0, rank, segments)
+    vertex, neighbours, m, order = _index_vertices(rem0, rank, segments)
     # Lattice values carry one extra row 0 (pydensecrf's "-1 -> 0" shift): what a missing neighbour reads
     size = m + 1
     vertex = vertex[: n * (d + 1)]  # the padding points' entries follow: they splat nothing
-    order = torch.sort(vertex.int() if vertex.numel() < 2**31 else vertex, stable=True).indices  # by point, in order
+    if order is None:  # the entries by point, in order
+        order = torch.sort(vertex.int() if vertex.numel() < 2**31 else vertex, stable=True).indices
+    elif order.numel() > vertex.numel():
+        order = order[order < vertex.numel()]
     splat = _csr(torch.bincount(vertex + 1, minlength=size), order // (d + 1), weights.reshape(-1)[order],
                  (size, n), dtype)  # fmt: skip
     by_entry = (vertex + 1).view(n, d + 1)
@@ -139,6 +151,12 @@ def build_lattice(
         values = torch.where(cols == own[:, None], 1.0, 0.5)
         blur.append(_csr(counts, cols.reshape(-1), values.reshape(-1), (size, size), dtype))
     return Lattice(splat=splat, slice=slice_, blur=blur, points=m)
+
+
+def workspace_for(lattices: list[Lattice], columns: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The (2, R, ``columns``) workspace of :meth:`Lattice.filter` for any of ``lattices`` (R: the most lattice
+    values of one)."""
+    return torch.empty(2, max(lattice.points for lattice in lattices) + 1, columns, dtype=dtype, device=device)
 
 
 def _elevate(features: Tensor) -> Tensor:
@@ -192,78 +210,95 @@ def _barycentric(elevated: Tensor, rem0: Tensor, rank: Tensor) -> Tensor:
 
 def _index_vertices(
     rem0: Tensor, rank: Tensor, segments: Tensor | None
-) -> tuple[Tensor, list[tuple[Tensor, Tensor]], int]:
+) -> tuple[Tensor, list[tuple[Tensor, Tensor]], int, Tensor | None]:
     """Number the simplex vertices of every point: the lattice points.
 
     The vertex r of point i has the key ``rem0[i, :d] + r - (d+1) [rank[i, :d] > d - r]`` (the canonical simplex's
     vertex r is (r, ..., r, r - (d+1), ..., r - (d+1)) with d+1-r leading r's, in the order of the ranks), the
-    image index (``segments``) before it. Lattice points are numbered in the order pydensecrf's hash table inserts
-    them: by the first entry (point, vertex) that reaches them, so points near in the image are near in memory: the
-    Gaussian kernel's splat and slice products ran 2.4x and 3.8x faster on the CPU than in key order (500 x 375).
+    image index (``segments``) before it. The numbering keeps the products local, measured on the CPU on
+    bench/bench_crf.py's photographs:
+
+    - keys of pixel positions (found through a table over every cell) are numbered in the order pydensecrf's hash
+      table inserts them: by the first entry (point, vertex) that reaches them, so points near in the image are near
+      in memory: the Gaussian kernel's splat and slice products ran 2.4x and 3.8x faster than in key order;
+    - keys with colours (found by sorting their codes) in the order of their codes: the bilateral kernel's filter ran
+      117 -> 89 ms (81 classes, 640 x 480, median of 9) against the insertion order, and the build needs no
+      renumbering and no sort of the entries by point (the stable sort of the codes gives it).
 
     Returns ``vertex`` (L,) with L = N (d+1): the lattice point (0..M-1) of each entry, point-major; for each
-    direction j the indices + 1 of every lattice point's two neighbours (0 where absent); and M.
+    direction j the indices + 1 of every lattice point's two neighbours (0 where absent); M; and the entries in
+    the order of their points (stable), or None where the numbering gives it no faster than a sort of ``vertex``.
     """
     n, d = rem0.shape[0], rem0.shape[1] - 1
     device = rem0.device
     entries = torch.arange(n * (d + 1), device=device)
-    low, spans = _code_box(rem0)
+    low, strides, span = _code_box(rem0)
     images = int(segments.max()) + 1 if segments is not None else 1
-    cells = math.prod(spans) * images
+    cells = span * images
     if cells >= 2**_CODE_BITS:  # too wide for one int64 code: sort the key rows themselves
-        return _index_rows(_keys(rem0, rank, segments), d, offset=0 if segments is None else 1)
-    strides = [math.prod(spans[i + 1 :]) for i in range(d)]
+        vertex, n1, m = _index_rows(_keys(rem0, rank, segments), d, offset=0 if segments is None else 1)
+        return vertex, _with_second_neighbours(n1, m), m, None
     stride = torch.tensor(strides, device=device)
     base = ((rem0[:, :d] - low) * stride).sum(dim=1)
     if segments is not None:
-        base += segments.to(device).long() * math.prod(spans)
+        base += segments.to(device).long() * span
     # code(i, r) = base(i) + r sum(stride) - (d+1) T(i, d+1-r), T(i, k) the strides of the columns ranked >= k
     by_rank = torch.zeros(n, d + 2, dtype=torch.long, device=device).scatter_(1, rank[:, :d], stride.expand(n, d))
     above = by_rank.flip(1).cumsum_(1)[:, : d + 1]  # above[:, r] = T(i, d+1-r) (rank d+1 holds nothing)
     r = torch.arange(d + 1, device=device)
     codes = above.mul_(-(d + 1)).add_(base[:, None]).add_(r * sum(strides)).reshape(-1)
-    steps = []  # the code shift to each neighbour, n1 then n2 per direction: every column -1, column j +d
-    for j in range(d + 1):
-        step = -sum(strides) + ((d + 1) * strides[j] if j < d else 0)
-        steps += [step, -step]
-    steps = torch.tensor(steps, device=device)
+    # the code shift to each direction's first neighbour: every column -1, column j +d
+    steps = torch.tensor([(d + 1) * s - sum(strides) for s in [*strides, 0]], device=device)
     if cells <= _DENSE_CELLS_PER_ENTRY * entries.numel():  # a table over every cell, no sort, no search
         first = torch.full((cells,), entries.numel(), device=device).scatter_reduce_(0, codes, entries, "amin")
         points = (first < entries.numel()).nonzero()[:, 0]
-        points = points[torch.argsort(first[points])]  # insertion order
+        points = points[torch.argsort(first.take(points))]  # insertion order
         m = points.numel()
         table = first.zero_()
         table[points] = torch.arange(1, m + 1, device=device)
-        vertex = table[codes] - 1
-        index = table[points[None, :] + steps[:, None]]  # (2(d+1), M); margins keep every shift in the table
+        vertex = table.take(codes) - 1
+        n1 = table.take(points[None, :] + steps[:, None])  # (d+1, M); margins keep every shift in the table
+        order = None
     else:
+        if cells < 2**31:  # int32 sorts in half the time
+            codes, steps = codes.int(), steps.int()
         sorted_codes, order = torch.sort(codes, stable=True)
         first = torch.ones_like(sorted_codes, dtype=torch.bool)
         first[1:] = sorted_codes[1:] != sorted_codes[:-1]
         unique = sorted_codes[first]
         m = unique.numel()
-        by_code = torch.empty_like(entries).scatter_(0, order, torch.cumsum(first, 0) - 1)  # key-order number
-        renumber = _insertion_order(order[first])  # the first entry of each key is its first in the stable sort
-        vertex = renumber[by_code]
-        shifted = unique[torch.argsort(renumber)][None, :] + steps[:, None]
+        vertex = torch.empty_like(entries).scatter_(0, order, torch.cumsum(first, 0) - 1)
+        shifted = unique[None, :] + steps[:, None]  # rows ascend: the search walks the table in order (2.3x faster)
         found = torch.searchsorted(unique, shifted).clamp_(max=m - 1)
-        index = torch.where(unique[found] == shifted, renumber[found] + 1, 0)
-    return vertex, [(index[2 * j], index[2 * j + 1]) for j in range(d + 1)], m
+        n1 = (found + 1).mul_(unique.take(found) == shifted)  # 0: absent
+    return vertex, _with_second_neighbours(n1, m), m, order
 
 
-def _code_box(rem0: Tensor) -> tuple[Tensor, list[int]]:
-    """The lowest value (d,) and the number of values of each key column over every vertex and its neighbours: a
-    vertex column is rem0 - d .. rem0 + d (r - (d+1) >= -d for r >= 1), a neighbour's one further d either way."""
+def _with_second_neighbours(n1: Tensor, m: int) -> list[tuple[Tensor, Tensor]]:
+    """Each direction's (first, second) neighbours + 1 of the M lattice points from the first ones (d+1, M): the
+    second neighbour is the opposite shift, so q = n1(p) <=> p = n2(q) (a scatter instead of a second search)."""
+    n2 = torch.zeros(n1.shape[0], m + 1, dtype=n1.dtype, device=n1.device)  # column 0 takes the absent ones' writes
+    n2.scatter_(1, n1, torch.arange(1, m + 1, dtype=n1.dtype, device=n1.device).expand(n1.shape[0], m))
+    return [(first, second[1:]) for first, second in zip(n1, n2, strict=True)]
+
+
+def _code_box(rem0: Tensor) -> tuple[Tensor, list[int], int]:
+    """The integer code ``sum_j (key_j - low_j) s_j`` of the keys of every vertex and its neighbours: ``low`` (d,),
+    the strides ``s`` and the number of codes.
+
+    The box: a vertex column is rem0 - d .. rem0 + d (r - (d+1) >= -d for r >= 1), a neighbour's one further d
+    either way. The code counts steps of d+1 per column, as every column of a key has the same remainder modulo d+1
+    (the vertex's r; rem0 is a multiple of d+1): with ``low`` a multiple of d+1 and ``k_j = (key_j - low_j) //
+    (d+1)``, the code is ``(d+1) K + r S``, K the mixed-radix number of the k_j and ``S = sum_j s_j``. The last
+    column's radix is a multiple of d+1, so ``S = 1`` modulo d+1 and no two keys share a code; the codes span
+    (d+1)^(1-d) of the key box's cells (5-d colour keys of a photograph: about 2^28 against 2^38, so they sort as
+    int32)."""
     d = rem0.shape[1] - 1
-    low = rem0[:, :d].min(dim=0).values - 2 * d
-    return low, (rem0[:, :d].max(dim=0).values + 2 * d - low + 1).tolist()
-
-
-def _insertion_order(first_entry: Tensor) -> Tensor:
-    """(M,) new number of each lattice point given the first entry that reaches it: the rank of that entry."""
-    renumber = torch.empty_like(first_entry)
-    renumber[torch.argsort(first_entry)] = torch.arange(first_entry.numel(), device=first_entry.device)
-    return renumber
+    low = (rem0[:, :d].min(dim=0).values - 2 * d).div(d + 1, rounding_mode="floor") * (d + 1)
+    radix = ((rem0[:, :d].max(dim=0).values + 2 * d - low) // (d + 1) + 1).tolist()
+    radix[-1] = -(-radix[-1] // (d + 1)) * (d + 1)
+    strides = [math.prod(radix[i + 1 :]) for i in range(d)]
+    return low, strides, sum(((d + 1) * k - 1) * s for k, s in zip(radix, strides, strict=True)) + 1
 
 
 def _keys(rem0: Tensor, rank: Tensor, segments: Tensor | None) -> Tensor:
@@ -277,36 +312,20 @@ def _keys(rem0: Tensor, rank: Tensor, segments: Tensor | None) -> Tensor:
     return keys
 
 
-def _index_rows(keys: Tensor, d: int, offset: int) -> tuple[Tensor, list[tuple[Tensor, Tensor]], int]:
-    """:func:`_index_vertices` by sorting the (L, k) key rows (keys too wide for one int64 code). Key columns from
-    ``offset`` on are lattice coordinates; earlier ones (the image index) stay fixed in the blur."""
-    steps = []  # (2 * (d+1), k): the shift to each neighbour, n1 then n2 per direction
-    for j in range(d + 1):
-        n1 = torch.full((keys.shape[1],), -1, dtype=torch.long)
-        n1[:offset] = 0
-        if j < d:
-            n1[offset + j] = d
-        steps += [n1, -n1]
-    steps = torch.stack(steps).to(keys.device)
-    unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
+def _index_rows(keys: Tensor, d: int, offset: int) -> tuple[Tensor, Tensor, int]:
+    """:func:`_index_vertices` by sorting the (L, k) key rows (keys too wide for one int64 code), numbered in key
+    order: ``vertex``, the first neighbours (d+1, M) and M. Key columns from ``offset`` on are lattice coordinates;
+    earlier ones (the image index) stay fixed in the blur."""
+    steps = torch.full((d + 1, keys.shape[1]), -1, dtype=torch.long)  # to each direction's first neighbour
+    steps[:, :offset] = 0
+    steps[range(d), range(offset, offset + d)] = d
+    unique, vertex = torch.unique(keys, dim=0, return_inverse=True)
     m = unique.shape[0]
-    entries = torch.arange(keys.shape[0], device=keys.device)
-    first = torch.full((m,), keys.shape[0], device=keys.device).scatter_reduce_(0, inverse, entries, "amin")
-    renumber = _insertion_order(first)
-    shifted = (unique[None] + steps[:, None, :]).reshape(-1, keys.shape[1])
+    shifted = (unique[None] + steps.to(keys.device)[:, None, :]).reshape(-1, keys.shape[1])
     both, which = torch.unique(torch.cat([unique, shifted]), dim=0, return_inverse=True)
     table = torch.zeros(both.shape[0], dtype=torch.long, device=keys.device)
-    table[which[:m]] = renumber + 1
-    index = table[which[m:]].reshape(2 * (d + 1), m)[:, torch.argsort(renumber)]
-    return renumber[inverse], [(index[2 * j], index[2 * j + 1]) for j in range(d + 1)], m
-
-
-def _product(matrix: Tensor, dense: Tensor) -> Tensor:
-    """``matrix @ dense``; on the CPU with many columns through torch's own kernel (``reduce="sum"``), which is
-    faster there than MKL's (:data:`_NATIVE_PRODUCT_COLUMNS`)."""
-    if dense.device.type == "cpu" and dense.shape[1] >= _NATIVE_PRODUCT_COLUMNS:
-        return torch.sparse.mm(matrix, dense, "sum")
-    return matrix @ dense
+    table[which[:m]] = torch.arange(1, m + 1, device=keys.device)
+    return vertex, table[which[m:]].view(d + 1, m), m
 
 
 def _scale(matrix: Tensor, factors: Tensor, rows: bool = True) -> Tensor:
