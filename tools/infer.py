@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         "--crf", action="store_true",
         help="dense CRF (infer.crf.*; torch backend: on --device; within infer.crf.memory_mib MiB, see above)",
     )  # fmt: skip
-    parser.add_argument("--crf-workers", type=int, help="pydensecrf backend: CRF processes per rank")
+    parser.add_argument("--crf-workers", type=int, help="CRF processes per rank (pydensecrf, or on the CPU)")
     parser.add_argument("--overlay", action="store_true", help="write mask overlays (JPEG)")
     parser.add_argument("--cams", action="store_true", help="write CAM heatmaps of the predicted classes")
     parser.add_argument("--logits", action="store_true", help="write 1/4-size float16 logits (.npy)")

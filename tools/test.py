@@ -8,10 +8,9 @@ CHECKPOINT is a wsss checkpoint (.pth) or a tools/export.py --safetensors export
 IoUMetric's keys (aAcc, mIoU, mAcc, per-class IoU). The inference settings are those of CONFIG (infer.*, with
 --cfg-options); one scale without flip unless --tta, which uses infer.scales and infer.flip. --crf refines each
 mask with the dense CRF (infer.crf.*): `--tta --crf` is the paper's protocol (multi-scale + flip + dense CRF).
-infer.crf.backend=torch (default) runs the CRF where the model runs (the GPU with --device cuda), many images per
-call, and needs no compiled package. On the CPU, infer.crf.backend=pydensecrf (pip install pydensecrf2: needs a
-compiler) in infer.crf.workers processes is faster (docs/benchmarks.md, "Dense CRF"): its C++ finds lattice points
-in a hash table and filters pixel by pixel, where the torch backend sorts and runs sparse products.
+infer.crf.backend=torch (default) needs no compiled package: on a GPU it runs where the model runs, many images per
+call; on the CPU in infer.crf.workers processes beside the model, as infer.crf.backend=pydensecrf (pip install
+pydensecrf2: needs a compiler) does, and faster per core than it (docs/benchmarks.md, "Dense CRF").
 
 Outputs (nothing is written beside the checkpoint, which may be read-only):
   --work-dir DIR   metrics.json goes to DIR/test_<checkpoint name>[_tta][_crf]/, and so do the predicted masks
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, parse_cfg_options(args.cfg_options))
     except (OSError, ValueError) as err:  # ConfigError is a ValueError
         return refuse(str(err))
-    apply_threads(args.threads, config_workers(cfg, args.crf))  # the decoding (and CRF) processes and the model
+    apply_threads(args.threads, config_workers(cfg, args.crf, args.device))  # the decoding and CRF processes
     import torch
 
     from wsss.evaluation.metrics import format_table

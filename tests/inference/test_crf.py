@@ -160,43 +160,56 @@ def test_crf_rejects_mismatched_inputs():
         dense_crf(image[:, :-1], probs)
 
 
-def test_pool_equals_serial():
-    pytest.importorskip("pydensecrf.densecrf")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pool_equals_serial(backend):
+    """Jobs in worker processes give the labels of the calling process, byte for byte: pydensecrf's, and the torch
+    backend's on the CPU (``device="cpu"``)."""
     cases = [two_region_case(seed=s, height=30 + 4 * s, width=50) for s in range(4)]
-    cfg = CrfConfig(backend="pydensecrf", workers=2)
+    cfg = CrfConfig(backend=backend, workers=2)
     serial = [crf_labels(image, probs, cfg) for image, probs, _ in cases]
-    with CrfPool(cfg) as pool:
-        assert pool.workers == 2
+    with CrfPool(cfg, device="cpu") as pool:
+        assert pool.workers == 2 and pool._executor is not None
         futures = [pool.submit(image, probs) for image, probs, _ in cases]
         pooled = [f.result(timeout=120) for f in futures]
     for a, b in zip(serial, pooled, strict=True):
         np.testing.assert_array_equal(a, b)
-    with CrfPool(cfg, workers=0) as inline:
+    with CrfPool(cfg, workers=0, device="cpu") as inline:
         np.testing.assert_array_equal(inline.submit(*cases[0][:2]).result(), serial[0])
 
 
-def test_the_pool_works_after_the_caller_used_openmp():
+def test_the_torch_backend_runs_in_the_workers_on_the_cpu_alone():
+    """The model's device decides: on the CPU the torch backend's jobs go to the workers (the CRF beside the model);
+    on a GPU, or where the caller names no device, they run batched in the calling process and no process starts
+    (none is needed to tell: no GPU is touched)."""
+    for device, processes in (("cpu", 2), (torch.device("cpu"), 2), ("cuda", 0), ("cuda:1", 0), (None, 0)):
+        with CrfPool(CrfConfig(workers=2), device=device) as pool:
+            assert pool.workers == processes and (pool._executor is not None) == bool(processes), device
+            assert pool.batched == (not processes), device
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_pool_works_after_the_caller_used_openmp(backend):
     """With GNU libgomp an OpenMP region in a child forked from a parent that has used OpenMP hangs: the workers'
-    torch ops (the labels' argmax) must not open one. The parent here runs a parallel reduction first, as any caller
-    that ran a model has."""
-    pytest.importorskip("pydensecrf.densecrf")
+    torch ops (the torch backend's whole CRF, the labels' argmax) must not open one. The parent here runs a parallel
+    reduction first, as any caller that ran a model has; the image is large enough for torch's kernels to split
+    their work over threads (more than 32,768 elements) if the worker had more than one."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         torch.randn(16, 256, 256).max(dim=0)  # an OpenMP region in this process
-        image, probs, _ = two_region_case()
-        with CrfPool(CrfConfig(backend="pydensecrf", workers=1)) as pool:
+        image, probs = colour_noise_case(seed=4, height=120, width=160)
+        with CrfPool(CrfConfig(backend=backend, workers=1), device="cpu") as pool:
             labels = pool.submit(image, probs).result(timeout=60)
     finally:
         torch.set_num_threads(threads)
-    np.testing.assert_array_equal(labels, crf_labels(image, probs, CrfConfig(backend="pydensecrf")))
+    np.testing.assert_array_equal(labels, crf_labels(image, probs, CrfConfig(backend=backend)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_pool_reports_job_errors_through_the_future(backend):
     image, probs, _ = two_region_case()
     for workers in (1, 0):
-        with CrfPool(crf_cfg(backend), workers=workers) as pool:
+        with CrfPool(crf_cfg(backend), workers=workers, device="cpu") as pool:
             bad, good = pool.submit_batch([image[:-1], image], [probs, probs])
             with pytest.raises(ValueError, match="dense_crf needs"):
                 bad.result(timeout=120)

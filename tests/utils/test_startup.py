@@ -66,13 +66,14 @@ def test_threads_argument_takes_positive_integers_only(capsys):
     assert "--threads: needs a positive integer, got 'two'" in capsys.readouterr().err
 
 
-def test_config_workers_count_the_loaders_and_the_pydensecrf_processes(tmp_path):
+def test_config_workers_count_the_loaders_and_the_crf_processes(tmp_path):
     cfg = tiny_config(tmp_path)
     cfg.data.num_workers = 1
     cfg.infer.crf = CrfConfig(backend="pydensecrf", workers=2)
     assert startup.config_workers(cfg) == 1 and startup.config_workers(cfg, crf=True) == 3
-    cfg.infer.crf = CrfConfig(backend="torch", workers=2)  # runs in the rank's own threads
-    assert startup.config_workers(cfg, crf=True) == 1
+    assert startup.config_workers(cfg, crf=True, device="cuda") == 3
+    cfg.infer.crf = CrfConfig(backend="torch", workers=2)  # processes on the CPU, the rank's own GPU on a GPU
+    assert [startup.config_workers(cfg, True, d) for d in (None, "cpu", "cuda", "cuda:1")] == [3, 3, 1, 1]
 
 
 def test_input_error_names_the_file_and_the_fix(tmp_path):

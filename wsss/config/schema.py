@@ -314,9 +314,9 @@ class CrfConfig(Section):
 
     backend: str = choice("torch", "pydensecrf")
     """``torch``: the mean-field over a permutohedral lattice in PyTorch (:mod:`wsss.inference.crf.permutohedral`),
-    on the
-    device of the probabilities, many images per call; ``pydensecrf``: the reference C++ (pydensecrf2, which must be
-    installed and needs a compiler to install), in ``workers`` processes. docs/reference.md row 19."""
+    on the device of the probabilities (on the CPU in ``workers`` processes), many images per call on a GPU;
+    ``pydensecrf``: the reference C++ (pydensecrf2, which must be installed and needs a compiler to install), in
+    ``workers`` processes. docs/reference.md row 19."""
     gaussian_sxy: float = bounded(1.0, POSITIVE)
     """Widths (``*_sxy`` in pixels, ``bilateral_srgb`` in colour levels) divide the features: > 0."""
     gaussian_compat: float = bounded(1.0, NON_NEGATIVE)
@@ -330,8 +330,9 @@ class CrfConfig(Section):
     multiple of 4 (padding points at feature 0, whose simplex joins the lattice and relays the blur), so the
     marginals equal the reference's; False, the filter without them. docs/reference.md row 19 measures both."""
     workers: int = bounded(2, WORKERS)
-    """Processes of the ``pydensecrf`` backend (0: serial in the calling process); the ``torch`` backend runs in the
-    calling process on the probabilities' device and ignores it."""
+    """CRF processes of tools/infer.py and tools/test.py beside the model (0: in the calling process): the
+    ``pydensecrf`` backend's, and the ``torch`` backend's on the CPU; on a GPU the ``torch`` backend runs in the
+    calling process on the model's device and ignores it (:class:`wsss.inference.crf.CrfPool`)."""
     memory_mib: int = bounded(3072, Range(64, 2**20, why="64 MiB to 1 TiB"))
     """Budget of one CRF call's working memory, in MiB, on the CPU or the GPU. A call's estimate is its pixels x
     (:data:`~wsss.inference.crf.BYTES_PER_PIXEL` + :data:`~wsss.inference.crf.BYTES_PER_PIXEL_AND_CLASS` x classes),

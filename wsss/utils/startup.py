@@ -108,15 +108,18 @@ def apply_threads(threads: int | None, workers: int = 0) -> int:
     return count
 
 
-def config_workers(cfg, crf: bool = False) -> int:
+def config_workers(cfg, crf: bool = False, device: str | None = None) -> int:
     """The worker processes a config starts beside the model: ``data.num_workers`` loaders, and with ``crf`` the
-    ``infer.crf.workers`` processes of the ``pydensecrf`` backend (the ``torch`` backend runs in the rank's threads).
+    ``infer.crf.workers`` processes of the ``pydensecrf`` backend, and of the ``torch`` backend unless ``device`` is
+    a GPU (on a GPU it runs in the rank; None counts them: the default device is known only once torch is imported).
 
     Args:
         cfg: A :class:`wsss.config.Config`.
         crf: The dense CRF runs.
+        device: ``--device`` (``cpu``, ``cuda``, ``cuda:N``) or None.
     """
-    crf_processes = cfg.infer.crf.workers if crf and cfg.infer.crf.backend == "pydensecrf" else 0
+    on_gpu = device is not None and not device.startswith("cpu")
+    crf_processes = cfg.infer.crf.workers if crf and (cfg.infer.crf.backend == "pydensecrf" or not on_gpu) else 0
     return cfg.data.num_workers + crf_processes
 
 

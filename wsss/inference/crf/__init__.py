@@ -11,7 +11,9 @@ Two backends (``CrfConfig.backend``):
 - ``torch`` (default): the same algorithm in PyTorch over a permutohedral lattice
   (:mod:`wsss.inference.crf.permutohedral`), on the device of the probabilities, many images of any sizes per call
   (:func:`dense_crf_batch`). Nothing to compile. Its marginals equal pydensecrf's to float32 precision
-  (tests/inference/test_crf_parity.py; docs/reference.md row 19).
+  (tests/inference/test_crf_parity.py; docs/reference.md row 19). On the CPU it is faster than pydensecrf per core
+  (docs/benchmarks.md, "Dense CRF"), and :class:`CrfPool` given ``device="cpu"`` runs it in worker processes
+  beside the model, as it runs pydensecrf.
 - ``pydensecrf``: the reference C++ (pydensecrf2, source-only on PyPI: installing it needs a compiler), single
   threaded, so :class:`CrfPool` runs it in ``CrfConfig.workers`` processes while the caller keeps feeding the model.
 
@@ -378,25 +380,31 @@ def _tensor(array: np.ndarray | Tensor, dtype: type) -> Tensor:
 
 class CrfPool:
     """Run :func:`crf_labels` jobs: batched in the calling process (``torch`` backend), or in worker processes
-    (``pydensecrf`` backend; inline with ``workers=0``).
+    (``pydensecrf`` backend, and ``torch`` on the CPU when the caller says so with ``device="cpu"``; inline with
+    ``workers=0``).
 
-    With the ``torch`` backend a job runs at once on the probabilities' device (a GPU where the model runs), and
-    :meth:`submit_batch` runs many images in one mean-field pass; no process is started.
+    With the ``torch`` backend and no ``device`` (or another than the CPU) a job runs at once on the probabilities'
+    device (a GPU where the model runs), and :meth:`submit_batch` runs many images in one mean-field pass; no
+    process is started. With ``device="cpu"`` its jobs go to the workers as pydensecrf's do, one image per job on
+    one thread each, so the CRF runs beside the model instead of between its batches (tools/test.py ``--crf`` on
+    the toy val set, 2 cores: docs/benchmarks.md, "Dense CRF").
 
-    With ``pydensecrf`` the workers start in the constructor, so create the pool before the model (and before any
-    thread pool): with the default ``fork`` start method (where the platform has it) they then start in
-    milliseconds and inherit no running threads. ``fork`` is safe here because a job runs pydensecrf (plain C++, no
-    OpenMP) and torch on one thread only (:func:`_start_worker`: an OpenMP region in a child forked from a parent
-    that used OpenMP hangs with GNU libgomp, so a worker never enters one). ``spawn`` (the default elsewhere)
-    re-imports the caller's ``__main__`` in every worker, which costs seconds when it imports torch. Results are
-    bit-identical to a serial run (the CRF is deterministic). The workers die with the calling process
-    (:func:`wsss.utils.lifetime.die_with_parent`); leaving the ``with`` block on an exception kills the
-    running jobs instead of waiting for them.
+    The workers start in the constructor, so create the pool before the model (and before any thread pool): with
+    the default ``fork`` start method (where the platform has it) they then start in milliseconds and inherit no
+    running threads. ``fork`` is safe here because a job runs pydensecrf (plain C++, no OpenMP) and torch on one
+    thread only (:func:`_start_worker`: an OpenMP region in a child forked from a parent that used OpenMP hangs
+    with GNU libgomp, so a worker never enters one; on one thread torch's CPU kernels and MKL run inline). ``spawn``
+    (the default elsewhere) re-imports the caller's ``__main__`` in every worker, which costs seconds when it
+    imports torch. Results are bit-identical to a serial run (the CRF is deterministic). The workers die with the
+    calling process (:func:`wsss.utils.lifetime.die_with_parent`); leaving the ``with`` block on an exception kills
+    the running jobs instead of waiting for them.
 
     Args:
-        cfg: CRF constants and backend; ``cfg.workers`` processes (``pydensecrf``) unless ``workers`` is given.
+        cfg: CRF constants and backend; ``cfg.workers`` processes unless ``workers`` is given.
         workers: Override of ``cfg.workers``; 0 runs every job in the calling process at submit time.
         start_method: ``fork``, ``forkserver`` or ``spawn``; None picks ``fork`` where available.
+        device: Where the caller's model runs: ``cpu`` sends the ``torch`` backend's jobs to the workers; None or
+            a GPU keeps them in the calling process, on the probabilities' device.
 
     Example:
         >>> with CrfPool(cfg.infer.crf) as pool:
@@ -404,16 +412,25 @@ class CrfPool:
         ...     labels = [f.result() for f in futures]       # (H, W) uint8 numpy each
     """
 
-    def __init__(self, cfg: CrfConfig, workers: int | None = None, start_method: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: CrfConfig,
+        workers: int | None = None,
+        start_method: str | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
         self.cfg = cfg
         self.workers = cfg.workers if workers is None else workers
         if self.workers < 0:
             raise ValueError(f"CRF workers must be >= 0, got {self.workers}")
         self._executor = None
-        if cfg.backend == "torch":
+        self.batched = cfg.backend == "torch" and (device is None or torch.device(device).type != "cpu")
+        """Jobs run at once in the calling process, many images per mean-field run (the ``torch`` backend)."""
+        if self.batched:
             self.workers = 0
             return
-        _densecrf_module()  # fail at start, not in the first job
+        if cfg.backend == "pydensecrf":
+            _densecrf_module()  # fail at start, not in the first job
         if self.workers > 0:
             if start_method is None:
                 start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -421,7 +438,7 @@ class CrfPool:
             self._executor = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
             )
-            for future in [self._executor.submit(_check_import) for _ in range(self.workers)]:
+            for future in [self._executor.submit(_check_import, cfg.backend) for _ in range(self.workers)]:
                 future.result()  # start the workers now (and check pydensecrf imports in them)
 
     def submit(self, image: np.ndarray, probs: np.ndarray | Tensor) -> Future:
@@ -432,8 +449,9 @@ class CrfPool:
         return self.submit_batch([image], [probs])[0]
 
     def submit_batch(self, images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tensor]) -> list[Future]:
-        """:meth:`submit` of many images; the ``torch`` backend runs them in one batched call."""
-        if self.cfg.backend == "torch":
+        """:meth:`submit` of many images; the ``torch`` backend in the calling process runs them in one batched
+        call."""
+        if self.batched:
             return _torch_jobs(images, probs, self.cfg)
         probs = [_numpy(p) for p in probs]
         if self._executor is not None:
@@ -442,8 +460,8 @@ class CrfPool:
 
     def submit_stacked(self, image: np.ndarray, probs: Tensor) -> list[Future]:
         """:meth:`submit` of S probability maps of one image, (S, C, H, W): with the ``torch`` backend in one call
-        of :func:`crf_labels_stacked` (one pair of lattices for all), else as S jobs."""
-        if self.cfg.backend != "torch":
+        of :func:`crf_labels_stacked` (one pair of lattices for all) in the calling process, else as S jobs."""
+        if not self.batched:
             return self.submit_batch([image] * len(probs), list(probs))
         stacked = _run_now(crf_labels_stacked, image, probs, self.cfg)
         if stacked.exception() is not None:
@@ -476,8 +494,9 @@ def _start_worker(parent: int) -> None:
     torch.set_num_threads(1)
 
 
-def _check_import() -> None:
-    _densecrf_module()
+def _check_import(backend: str) -> None:
+    if backend == "pydensecrf":
+        _densecrf_module()
 
 
 def _run_now(fn: Callable, *args) -> Future:

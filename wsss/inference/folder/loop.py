@@ -82,10 +82,13 @@ class CrfJobs:
         workers: CRF processes; None takes ``cfg.workers``.
         batch_size: Images per forward batch: up to ``2 * workers + batch_size`` jobs are queued before
             :meth:`ready` waits for the oldest (bounds memory).
+        device: The model's: on the CPU the jobs of either backend go to the workers (:class:`CrfPool`).
     """
 
-    def __init__(self, stack: ExitStack, cfg: CrfConfig, workers: int | None, batch_size: int) -> None:
-        self.pool = stack.enter_context(CrfPool(cfg, workers))
+    def __init__(
+        self, stack: ExitStack, cfg: CrfConfig, workers: int | None, batch_size: int, device: str | torch.device
+    ) -> None:
+        self.pool = stack.enter_context(CrfPool(cfg, workers, device=device))
         self.limit = 2 * self.pool.workers + batch_size
         self.pending: deque[tuple[Any, Future]] = deque()
         self.on_device = cfg.backend == "torch"

@@ -43,11 +43,11 @@ the files of each image) and the merge (:mod:`wsss.inference.folder.merge`: one 
 gallery, ``summary.json``).
 
 Dense CRF (``crf=True``): softmax of the TTA logits of the classes the mask may hold, then
-:class:`wsss.inference.crf.CrfPool`. With ``infer.crf.backend = torch`` (default) the images of a model batch
-go through one batched CRF call on the model's device. With ``pydensecrf`` the jobs go to ``CrfConfig.workers``
-processes as soon as an image's logits exist and its mask is written when the job finishes, so the model loop
-does not wait for the CRF (it waits only when more than ``2 * workers + batch_size`` jobs are queued, to bound
-memory). Both in :class:`~wsss.inference.folder.loop.CrfJobs`.
+:class:`wsss.inference.crf.CrfPool`. With ``infer.crf.backend = torch`` (default) on a GPU the images of a model
+batch go through one batched CRF call on the model's device. On the CPU (either backend) and with ``pydensecrf``
+the jobs go to ``CrfConfig.workers`` processes as soon as an image's logits exist and its mask is written when the
+job finishes, so the model loop does not wait for the CRF (it waits only when more than ``2 * workers +
+batch_size`` jobs are queued, to bound memory). Both in :class:`~wsss.inference.folder.loop.CrfJobs`.
 
 Size cap: the model sees every image with its longest side at most ``max_size`` (``infer.max_size``, default
 1024; 0: no cap of its own), and never a side over 2048 px at the largest TTA scale
@@ -123,7 +123,8 @@ class InferenceOptions:
         overwrite: Redo images whose outputs exist.
         num_workers: Image decoding processes (0: in the main process).
         write_threads: Threads encoding and writing the outputs while the model goes on (0: in the main thread).
-        crf_workers: CRF processes of the ``pydensecrf`` backend; None takes ``infer.crf.workers`` (0: serial).
+        crf_workers: CRF processes (``pydensecrf``, or any backend on the CPU); None takes ``infer.crf.workers``
+            (0: in the main process).
         max_size: Longest side an image is brought to before the scales (0: no cap of its own, 2048 px over the
             largest scale still bounds it); None takes ``infer.max_size`` (see :class:`Segmenter`).
         progress: Show a progress bar.
@@ -269,7 +270,7 @@ def run_inference(
     part = RankPart()
     todo, part.existing, part.skipped = split_done(own_shard(listing.sources), layout, listing.inputs, opts.overwrite)
     with ExitStack() as stack:  # the CRF workers start before the model exists (see CrfPool)
-        crf = CrfJobs(stack, cfg.infer.crf, opts.crf_workers, opts.batch_size) if opts.crf and todo else None
+        crf = CrfJobs(stack, cfg.infer.crf, opts.crf_workers, opts.batch_size, device) if opts.crf and todo else None
         setup = LoopSetup(
             segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer, checkpoint), output=layout.root,
             scales=scales,
