@@ -155,8 +155,9 @@ def build_lattice(
 
 def workspace_for(lattices: list[Lattice], columns: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """The (2, R, ``columns``) workspace of :meth:`Lattice.filter` for any of ``lattices`` (R: the most lattice
-    values of one)."""
-    return torch.empty(2, max(lattice.points for lattice in lattices) + 1, columns, dtype=dtype, device=device)
+    values of one), zeros: it then only ever holds finite values, so a product with ``beta=0`` is right even on a
+    sparse backend that would read its output (MKL does not: a workspace of NaN gives the same, tested)."""
+    return torch.zeros(2, max(lattice.points for lattice in lattices) + 1, columns, dtype=dtype, device=device)
 
 
 def _elevate(features: Tensor) -> Tensor:
