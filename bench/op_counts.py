@@ -4,9 +4,10 @@
 
 Counts non-view ATen operations (:mod:`wsss.utils.op_count`; on a GPU about one kernel launch each) of one iteration
 of :func:`wsss.engine.train.iteration` after ``loss.seg_start_iter`` (every term) at the config's batch, CAM scales,
-PAR and energy kernel (``fused``, the GPU's, run here in Triton's interpreter), attributed to the stage that ran them.
-The counts do not depend on the crop size, so the crop defaults to 64 px (``--size``) to keep the interpreter fast.
-A Triton launch is not an ATen operation: the fused kernel's one launch per image is not in the counts.
+PAR and energy kernel (``fused``, the GPU's, run here in Triton's interpreter; ``--cfg-options par.kernel=torch`` for
+PAR's PyTorch path), attributed to the stage that ran them. The counts do not depend on the crop size, so the crop
+defaults to 64 px (``--size``) to keep the interpreter fast. Each Triton launch counts as one operation (what the
+interpreter dispatches inside it, nothing: :meth:`wsss.utils.op_count.OpCounter.launches`).
 
 Then the same iteration through ``train.cuda_graphs`` (:class:`wsss.engine.graphs.GraphedIteration`, replayed by
 :class:`wsss.engine.graphs.ReplayGraphs`, the CPU's twin of CUDA graphs): the operations the host still dispatches
@@ -24,6 +25,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused energy kernel on CPU
 import torch  # noqa: E402
 from bench_train import random_batch  # noqa: E402
 
+from wsss import energy_kernel, par_kernel  # noqa: E402
 from wsss.config import load_config, parse_cfg_options  # noqa: E402
 from wsss.data.transforms import backbone_mean_std  # noqa: E402
 from wsss.engine import graphs, step  # noqa: E402
@@ -38,6 +40,9 @@ from wsss.utils.op_count import OpCounter  # noqa: E402
 
 STAGES = ("model forward", "CAM pass", "PAR pseudo labels", "seg CE", "energy loss", "backward", "guard + optimiser",
           "other (zero grad, schedule, meter)")  # fmt: skip
+KERNELS = ((energy_kernel, "_gaussian_filter_kernel"), (par_kernel, "_affinity_kernel"),
+           (par_kernel, "_propagate_kernel"))
+ORIGINAL_KERNELS = [getattr(module, name) for module, name in KERNELS]
 
 
 def staged(counter: OpCounter, name: str, fn):
@@ -59,6 +64,8 @@ def instrument(counter: OpCounter, optimizer, guard, model) -> None:
     optimizer.step = types.MethodType(lambda self, *args, **kwargs: update(*args, **kwargs), optimizer)  # bound
     guard.update = staged(counter, "guard + optimiser", guard.update)
     model.forward = staged(counter, "model forward", model.forward)
+    for (module, name), kernel in zip(KERNELS, ORIGINAL_KERNELS, strict=True):
+        setattr(module, name, counter.launches(kernel))
 
 
 def count_iterations(cfg, size: int) -> tuple[dict[str, int], int]:
@@ -78,8 +85,8 @@ def count_iterations(cfg, size: int) -> tuple[dict[str, int], int]:
         scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
         train_step = TrainingStep(cfg, mean, std, device)
         first = cfg.loss.seg_start_iter
-        if graphed:  # the blocked energy kernel: the recording cannot hold the interpreter's copies (not counted)
-            train_step.energy.kernel = "blocked"
+        if graphed:  # PyTorch's kernels: the recording cannot hold the interpreter's copies (not counted)
+            train_step.energy.kernel, train_step.par.kernel = "blocked", "torch"
             runner = GraphedIteration(model, train_step, optimizer, scheduler, guard, warmup=1, backend=ReplayGraphs())
             for it in range(first, first + 2):  # warm-up, capture
                 runner(batch, it)
@@ -112,12 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    opts = {"model.pretrained": "", "loss.reg_kernel": "fused", "data.crop_size": args.size,
+    opts = {"model.pretrained": "", "loss.reg_kernel": "fused", "par.kernel": "fused", "data.crop_size": args.size,
             **parse_cfg_options(args.cfg_options)}  # fmt: skip
     cfg = load_config(args.config, opts)
     eager, graphed = count_iterations(cfg, args.size)
     print(f"{args.config}: batch {cfg.train.batch_size}, CAM scales {cfg.cam.scales} + flip, PAR {cfg.par.num_iter} "
-          f"iterations x {len(cfg.par.dilations)} dilations, energy kernel fused")  # fmt: skip
+          f"iterations x {len(cfg.par.dilations)} dilations ({cfg.par.kernel}), "
+          f"energy kernel {cfg.loss.reg_kernel}")  # fmt: skip
     print("| stage | operations dispatched |")
     print("|---|---:|")
     for stage, count in eager.items():

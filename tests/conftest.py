@@ -105,7 +105,8 @@ def tiny_voc(tmp_path: Path) -> Path:
 
 
 def tiny_config(root: Path, **train_kw) -> Config:
-    """A 3-block ViT with 8 px patches on 32 px crops: seconds per run on CPU."""
+    """A 3-block ViT with 8 px patches on 32 px crops: seconds per run on CPU. PAR in PyTorch on every device: the
+    emulated CUDA device of tests/fake_cuda.py cannot run Triton kernels (tests/test_par_kernel.py tests them)."""
     return from_dict(
         Config,
         {
@@ -119,7 +120,7 @@ def tiny_config(root: Path, **train_kw) -> Config:
                 "decoder_channels": 16, "decoder_dilation": 2, "aux_layer": -2,
             },
             "cam": {"scales": [1.0, 0.5]},
-            "par": {"num_iter": 2, "dilations": [1, 2]},
+            "par": {"num_iter": 2, "dilations": [1, 2], "kernel": "torch"},
             "loss": {"seg_start_iter": 2},
             "optim": {"lr": 1e-3, "warmup_iters": 2},
             "train": {"max_iters": 6, "batch_size": 2, "ckpt_interval": 3, "val_interval": 100, "log_interval": 1,

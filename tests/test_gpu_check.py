@@ -17,6 +17,7 @@ from tools import gpu_check as gpu_check_cli
 from wsss import energy_kernel, gpu_check, losses
 from wsss.config import GpuCheckConfig
 from wsss.evaluation import metrics
+from wsss.par import PAR
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -71,16 +72,23 @@ def small_gpu_check_config(tmp_path):
     return dataclasses.replace(cfg, gpu_check=gc), gc
 
 
+def torch_path(monkeypatch) -> None:
+    """PAR's Triton kernels replaced by its PyTorch path: Triton cannot run on the emulated device's tensors."""
+    monkeypatch.setattr(PAR, "fused_for", lambda self, x: False)
+
+
 @needs_fake_cuda
 def test_device_checks_pass_on_the_emulated_device(tmp_path, monkeypatch):
     cfg, gc = small_gpu_check_config(tmp_path)
     monkeypatch.setattr(energy_kernel, "gaussian_filter_fused", losses.gaussian_filter_dense)
+    torch_path(monkeypatch)
     with fake_cuda():
         checks = gpu_check.device_checks(cfg, gc)
     names = [c.name for c in checks]
     assert any("timm" in n for n in names) and any("Segmenter" in n for n in names)
     assert sum(n.startswith("loss term") for n in names) == 4  # cls, aux, seg, reg
     assert sum("brute force" in n for n in names) == 2 * len(gc.energy_points)
+    assert "PAR: fused kernels = PyTorch (relative)" in names
     assert [c.name for c in checks if not c.passed] == []
 
 
@@ -89,6 +97,7 @@ def test_device_checks_fail_when_cuda_counts_differ(tmp_path, monkeypatch):
     """The evaluator's torch path (CUDA) off by one class: the check reports it."""
     cfg, gc = small_gpu_check_config(tmp_path)
     monkeypatch.setattr(energy_kernel, "gaussian_filter_fused", losses.gaussian_filter_dense)
+    torch_path(monkeypatch)
     original = metrics._count_torch
 
     def off_by_one(pred, gt, *args):

@@ -65,7 +65,7 @@ def test_par_matches_pixel_loop_reference(dilations):
     images = torch.rand(2, 3, 12, 10)
     images[:, :, :, :5] *= 0.3  # an edge, so the colour term is not uniform noise
     masks = torch.rand(2, 4, 12, 10)
-    par = PAR(dilations=dilations, num_iter=2, w1=0.3, w2=0.01)
+    par = PAR(dilations=dilations, num_iter=2, w1=0.3, w2=0.01, kernel="torch")
     out = par(images, masks)
     for b in range(2):
         ref = reference_par(images[b].double().tolist(), masks[b].double().tolist(), dilations, 2, 0.3, 0.01)

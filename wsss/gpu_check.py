@@ -2,8 +2,9 @@
 
 1. Device checks, each a figure against its threshold (``GpuCheckConfig``): timm's own ViT = the ``vanilla``
    variant on CUDA; the step's loss terms on CUDA = on the CPU (same weights and batch); the fused Triton energy
-   kernel = the blocked version = brute force; the evaluator's counts on CUDA = on the CPU, exactly; the
-   ``Segmenter``'s masks on CUDA = on the CPU; the torch dense CRF's marginals on CUDA = on the CPU.
+   kernel = the blocked version = brute force; PAR's Triton kernels = its PyTorch path on CUDA; the evaluator's
+   counts on CUDA = on the CPU, exactly; the ``Segmenter``'s masks on CUDA = on the CPU; the torch dense CRF's
+   marginals on CUDA = on the CPU.
 2. ``bench/bench_train.py --device cuda`` at the paper setting, with the CAM pass in bfloat16 and in float32;
    ``bench/bench_crf.py --cuda-only``: the dense CRF's ms per image at batch 1 and 16.
 3. DDP: a 1-process ``torchrun`` run with NCCL on a generated toy set; its checkpoint at ``resume_from`` resumed to
@@ -43,6 +44,7 @@ from wsss.losses import gaussian_filter_dense
 from wsss.model_file import load_checkpoint
 from wsss.models import build_backbone, build_model
 from wsss.models.backbone import create_vit
+from wsss.par import PAR
 from wsss.utils.fileio import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,6 +215,12 @@ def device_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
     blocked = gaussian_filter_dense(features.to(cuda), values.to(cuda))
     checks.append(Check("energy filter: fused = blocked (relative)", relative_difference(fused, blocked), gc.tolerance,
                         detail=f"{side} x {side} pixels (the half-resolution crop)"))  # fmt: skip
+    images = torch.rand(2, 3, side, side, generator=g).to(cuda)
+    maps = torch.rand(2, 6, side, side, generator=g).softmax(1).to(cuda)
+    refined = [PAR.from_config(dataclasses.replace(cfg.par, kernel=kernel)).to(cuda)(images, maps)
+               for kernel in ("torch", "fused")]  # fmt: skip
+    checks.append(Check("PAR: fused kernels = PyTorch (relative)", relative_difference(*refined), gc.tolerance,
+                        detail=f"2 x 6 maps of {side} x {side} pixels, {cfg.par.num_iter} steps"))  # fmt: skip
 
     preds = torch.randint(0, c, (4, *gc.image_size), generator=g)
     gts = torch.randint(0, c, (4, *gc.image_size), generator=g)

@@ -21,6 +21,10 @@ Every pixel's affinities sum to ``1 + w2`` (not renormalised, as in AFA/ToCo): e
 all channels of a pixel alike, which leaves the argmax taken downstream unchanged.
 
 Refinement: ``num_iter`` times, ``mask_i <- sum_k affinity_ik * mask_k`` for every channel.
+
+Two implementations of the same formulas (``par.kernel``): PyTorch operations (``torch``: one per neighbour and step,
+about 560 launches per call on a GPU) and Triton kernels (``fused``, :mod:`wsss.par_kernel`: 1 + ``num_iter``
+launches); ``auto`` takes the kernels for CUDA tensors when triton is installed.
 """
 
 from __future__ import annotations
@@ -32,7 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wsss.config import ParConfig
+from wsss.config import PAR_KERNELS, ParConfig
+
+try:  # optional: triton ships with the CUDA builds of torch; without it the PyTorch version runs everywhere
+    from wsss import par_kernel
+except ModuleNotFoundError as err:  # pragma: no cover - depends on the install
+    if err.name != "triton":
+        raise
+    par_kernel = None
 
 STD_EPS = 1e-8
 
@@ -62,26 +73,41 @@ class PAR(nn.Module):
         num_iter: Propagation steps.
         w1: Temperature of the colour and position terms.
         w2: Weight of the position term.
+        kernel: ``"torch"``, ``"fused"`` or ``"auto"`` (module docstring).
     """
 
-    def __init__(self, dilations: Sequence[int], num_iter: int, w1: float, w2: float):
+    def __init__(self, dilations: Sequence[int], num_iter: int, w1: float, w2: float, kernel: str):
         super().__init__()
         if not dilations or min(dilations) < 1:
             raise ValueError(f"PAR dilations must be positive integers, got {tuple(dilations)}")
+        if kernel not in PAR_KERNELS:
+            raise ValueError(f"unknown PAR kernel {kernel!r}; valid: {', '.join(PAR_KERNELS)}")
+        if kernel == "fused" and par_kernel is None:
+            raise ModuleNotFoundError("par.kernel='fused' needs the triton package (pip install triton)")
         self.dilations = tuple(int(d) for d in dilations)
         self.num_iter = num_iter
         self.w1 = w1
         self.w2 = w2
+        self.kernel = kernel
         self.offsets = neighbour_offsets(self.dilations)
         self.register_buffer("position", self._position_affinity(), persistent=False)  # on the device with .to()
+        dy, dx = zip(*self.offsets, strict=True)  # the kernels' offsets, also buffers: no upload per call
+        self.register_buffer("dy", torch.tensor(dy, dtype=torch.int32), persistent=False)
+        self.register_buffer("dx", torch.tensor(dx, dtype=torch.int32), persistent=False)
 
     @classmethod
     def from_config(cls, cfg: ParConfig) -> PAR:
         """PAR with the constants of a :class:`wsss.config.ParConfig` (its ``scale`` is the caller's)."""
-        return cls(cfg.dilations, cfg.num_iter, cfg.w1, cfg.w2)
+        return cls(cfg.dilations, cfg.num_iter, cfg.w1, cfg.w2, cfg.kernel)
 
     def extra_repr(self) -> str:
-        return f"dilations={self.dilations}, num_iter={self.num_iter}, w1={self.w1}, w2={self.w2}"
+        return f"dilations={self.dilations}, num_iter={self.num_iter}, w1={self.w1}, w2={self.w2}, kernel={self.kernel}"
+
+    def fused_for(self, x: Tensor) -> bool:
+        """Whether ``x`` goes through the Triton kernels: ``fused``, or ``auto`` with a CUDA tensor and triton."""
+        if self.kernel == "auto":
+            return x.device.type == "cuda" and par_kernel is not None
+        return self.kernel == "fused"
 
     def position_affinity(self) -> Tensor:
         """The position term ``w2 * softmax(-(r / std_r / w1) ** 2)`` over the K neighbours, ``(K,)``, on this
@@ -103,6 +129,8 @@ class PAR(nn.Module):
         Returns:
             ``(B, K, H, W)`` float32, each pixel's K values summing to ``1 + w2``.
         """
+        if self.fused_for(images):
+            return par_kernel.affinity(images, self.dy, self.dx, self.position_affinity(), self.w1, STD_EPS)
         images = images.float()
         pad = max(self.dilations)
         nb = torch.stack(list(_neighbours(images, self.offsets, pad)), dim=2)  # (B, 3, K, H, W)
@@ -121,6 +149,8 @@ class PAR(nn.Module):
         Returns:
             Refined masks ``(B, C, H, W)`` float32.
         """
+        if self.fused_for(masks):
+            return par_kernel.propagate(affinity, masks, self.dy, self.dx, self.num_iter)
         pad = max(self.dilations)
         masks = masks.float()
         for _ in range(self.num_iter):

@@ -27,6 +27,7 @@ from wsss.config.loading import (
 )
 from wsss.config.schema import (
     ENERGY_KERNELS,
+    PAR_KERNELS,
     AttentionConfig,
     CamConfig,
     Config,
@@ -55,6 +56,7 @@ __all__ = [
     "BACKBONE_KWARGS",
     "BACKBONE_RANGES",
     "ENERGY_KERNELS",
+    "PAR_KERNELS",
     "AttentionConfig",
     "CamConfig",
     "Config",

@@ -33,6 +33,9 @@ from wsss.data.classes import VOC_CLASSES
 ENERGY_KERNELS = ("auto", "fused", "blocked")
 """Implementations of the energy loss's ``W S`` (:func:`wsss.losses.gaussian_filter`)."""
 
+PAR_KERNELS = ("auto", "fused", "torch")
+"""Implementations of PAR (:class:`wsss.par.PAR`)."""
+
 FRACTION = Range(0, 1, low_open=True)
 """A share that cannot be 0 (a resize factor, a tolerance)."""
 
@@ -220,6 +223,11 @@ class ParConfig(Section):
     w1: float = bounded(0.3, POSITIVE)
     w2: float = bounded(0.01, NON_NEGATIVE)
     scale: float = bounded(0.5, FRACTION)
+    kernel: str = choice(*PAR_KERNELS)
+    """How PAR is evaluated, the same formulas either way (float32 rounding apart): ``fused`` (Triton kernels, one
+    launch for the affinities and one per step; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``torch`` (PyTorch
+    operations, one per neighbour and step, any device) or ``auto`` (fused on CUDA when triton is installed, torch
+    elsewhere)."""
 
 
 @dataclass

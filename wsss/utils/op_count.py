@@ -57,3 +57,22 @@ class OpCounter(TorchDispatchMode):
         if not self.paused and not is_view(func):
             self.counts[self.current] += 1
         return func(*args, **(kwargs or {}))
+
+    def launches(self, kernel):
+        """``kernel`` (a Triton kernel) with each launch counted as one operation of the current stage, and nothing of
+        what Triton's CPU interpreter dispatches inside it; assign it where the kernel is looked up."""
+        counter = self
+
+        class Counted:
+            def __getitem__(self, grid):
+                launch = kernel[grid]
+
+                def run(*args, **kwargs):
+                    if not counter.paused:
+                        counter.counts[counter.current] += 1
+                    with counter.pause():
+                        return launch(*args, **kwargs)
+
+                return run
+
+        return Counted()
