@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from wsss.utils.lifetime import exit_on_sigterm
-from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse, user_threads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         help="dense CRF on each score stack (infer.crf.*; within infer.crf.memory_mib MiB, a larger image at a "
         "reduced resolution)",
     )  # fmt: skip
-    parser.add_argument("--crf-workers", type=int, help="pydensecrf backend: CRF processes per rank")
+    parser.add_argument("--crf-workers", type=int,
+                        help="CRF processes per rank (pydensecrf; the torch backend on the CPU)")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")
     parser.add_argument(
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     # --help, usage errors and missing files come at once, before torch is imported
     if error := input_error({"checkpoint": args.checkpoint, "--config": args.config}):
         return refuse(error)
-    apply_threads(args.threads, args.crf_workers or 0 if args.crf else 0)  # CRF processes given here
+    chosen = args.threads or user_threads()  # else the export counts the CRF processes once the config is read
+    apply_threads(args.threads, args.crf_workers or 0 if args.crf else 0)
     from wsss.config import parse_cfg_options
     from wsss.inference.exports.pseudo_labels import ExportOptions, export_pseudo_labels
     from wsss.utils.distributed import check_launcher, finish_distributed, init_distributed
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = ExportOptions(
             split=args.split, config=args.config, cfg_options=parse_cfg_options(args.cfg_options), crf=args.crf,
-            crf_workers=args.crf_workers, overwrite=args.overwrite, progress=not args.no_progress,
+            crf_workers=args.crf_workers, threads=chosen, overwrite=args.overwrite,
+            progress=not args.no_progress,
         )  # fmt: skip
         check_launcher(args.launcher, "tools/make_pseudo_labels.py CKPT --split SPLIT OUT")
         info = init_distributed(args.device)

@@ -451,9 +451,15 @@ def test_stacked_probability_maps_of_one_image_equal_each_alone(backend):
     assert got.dtype == torch.uint8 and got.shape == (3, 30, 41)
     for k in range(3):
         np.testing.assert_array_equal(got[k].numpy(), want[k])
-    with CrfPool(cfg, workers=0) as pool:
-        for future, labels in zip(pool.submit_stacked(image, stacks), want, strict=True):
-            np.testing.assert_array_equal(future.result(), labels)
+    for workers, device in ((0, None), (1, "cpu")):  # in this process; in a worker (one job for the three)
+        with CrfPool(cfg, workers=workers, device=device) as pool:
+            for future, labels in zip(pool.submit_stacked(image, stacks), want, strict=True):
+                np.testing.assert_array_equal(future.result(), labels)
+            bad = pool.submit_stacked(image[:20], stacks)  # the image's size is not the maps'
+            assert len(bad) == 3
+            for future in bad:
+                with pytest.raises(ValueError, match=r"needs an \(H, W, 3\) image"):
+                    future.result()
     assert not (want[0] == want[1]).all()  # the stacks differ: a mixed-up stack would show
     with pytest.raises(ValueError, match=r"\(S, C, H, W\)"):
         crf_module.crf_labels_stacked(image, stacks[0], cfg)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,9 @@ from wsss.data.labels import load_labels
 from wsss.data.transforms import normalize
 from wsss.data.voc import read_split
 from wsss.engine.step import pseudo_label_targets
+from wsss.inference import crf as crf_module
 from wsss.inference.crf import crf_labels
+from wsss.inference.exports import pseudo_labels as export_module
 from wsss.inference.exports.pseudo_labels import DENSE_DIR, PSEUDO_DIR, pseudo_masks
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint
 from wsss.par import PAR
@@ -121,6 +124,77 @@ def test_crf_refines_each_stack_before_the_thresholds_combine(toy_checkpoint, tm
         np.testing.assert_array_equal(read_mask(out / PSEUDO_DIR / f"{image_id}.png"), certain.numpy())
         np.testing.assert_array_equal(read_mask(out / DENSE_DIR / f"{image_id}.png"), single.numpy())
     assert json.loads((out / "run.json").read_text())["crf"] is True
+
+
+def test_crf_workers_write_the_masks_of_the_inline_crf(toy_checkpoint, tmp_path):
+    """On the CPU the torch CRF runs in --crf-workers processes while the next images' CAMs run: the same files as
+    with the CRF in the exporting process (--crf-workers 0)."""
+    _, ckpt = toy_checkpoint
+    trees = {}
+    for workers in ("0", "2"):
+        out = tmp_path / workers
+        assert export_cli.main([str(ckpt), str(out), *ARGS, "--crf", "--crf-workers", workers]) == 0
+        trees[workers] = {k: v for k, v in outputs(out).items() if k.endswith(".png")}
+    assert len(trees["0"]) == 12 and trees["2"] == trees["0"]
+
+
+class LazyCrf:
+    """A stand-in pool of ``workers`` processes whose jobs finish only when their result is asked for, recording at
+    each submission how many images' jobs were still unfinished: what the export keeps waiting."""
+
+    def __init__(self, cfg, workers=None, device=None):
+        self.cfg, self.workers, self.jobs, self.unfinished = cfg, 1, [], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def submit_stacked(self, image, probs):
+        self.unfinished.append(sum(not job.done() for job in self.jobs))
+        stack = [LazyJob(lambda: crf_module.crf_labels_stacked(image, probs, self.cfg).numpy())]
+        self.jobs += stack
+        return [LazyPart(stack[0], s) for s in range(len(probs))]
+
+
+class LazyJob(Future):
+    def __init__(self, run):
+        super().__init__()
+        self.run = run
+
+    def result(self, timeout=None):
+        if not self.done():
+            self.set_result(self.run())
+        return super().result()
+
+
+class LazyPart(Future):
+    def __init__(self, job, index):
+        super().__init__()
+        self.job, self.index = job, index
+
+    def done(self):
+        return self.job.done()
+
+    def result(self, timeout=None):
+        return self.job.result()[self.index]
+
+
+def test_the_export_waits_for_at_most_two_images_per_crf_worker(toy_checkpoint, tmp_path, monkeypatch):
+    """The queue of images waiting for the CRF is bounded (2 per worker), however slow the CRF: memory does not grow
+    with the split. The masks are those of the inline CRF."""
+    _, ckpt = toy_checkpoint
+    pools = []
+    monkeypatch.setattr(export_module, "CrfPool", lambda *a, **k: pools.append(LazyCrf(*a, **k)) or pools[-1])
+    out = tmp_path / "lazy"
+    assert export_cli.main([str(ckpt), str(out), *ARGS, "--crf"]) == 0
+    monkeypatch.undo()
+    assert pools[0].unfinished == [0, 1, 2, 2, 2, 2]  # 6 images, never more than 2 (1 worker) left waiting
+    inline = tmp_path / "inline"
+    assert export_cli.main([str(ckpt), str(inline), *ARGS, "--crf", "--crf-workers", "0"]) == 0
+    pngs = [k for k in outputs(inline) if k.endswith(".png")]
+    assert len(pngs) == 12 and all(outputs(out)[k] == outputs(inline)[k] for k in pngs)
 
 
 def test_resume_skips_finished_images_and_refuses_other_settings(exported, tmp_path, capsys):

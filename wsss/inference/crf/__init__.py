@@ -459,14 +459,16 @@ class CrfPool:
         return [_run_now(crf_labels, i, p, self.cfg) for i, p in zip(images, probs, strict=True)]
 
     def submit_stacked(self, image: np.ndarray, probs: Tensor) -> list[Future]:
-        """:meth:`submit` of S probability maps of one image, (S, C, H, W): with the ``torch`` backend in one call
-        of :func:`crf_labels_stacked` (one pair of lattices for all) in the calling process, else as S jobs."""
-        if not self.batched:
+        """:meth:`submit` of S probability maps of one image, (S, C, H, W): with the ``torch`` backend one job of
+        :func:`crf_labels_stacked` (one pair of lattices for all; in the calling process, or in a worker with
+        ``device="cpu"``), with pydensecrf S jobs."""
+        if self.cfg.backend != "torch":
             return self.submit_batch([image] * len(probs), list(probs))
-        stacked = _run_now(crf_labels_stacked, image, probs, self.cfg)
-        if stacked.exception() is not None:
-            return [stacked] * len(probs)
-        return [_run_now(lambda labels: labels.cpu().numpy(), m) for m in stacked.result()]
+        if self._executor is not None:
+            stacked = self._executor.submit(_stacked_numpy, image, _numpy(probs), self.cfg)
+        else:
+            stacked = _run_now(_stacked_numpy, image, probs, self.cfg)
+        return [_part(stacked, s) for s in range(len(probs))]
 
     def close(self) -> None:
         """Wait for the queued jobs and stop the workers."""
@@ -506,6 +508,25 @@ def _run_now(fn: Callable, *args) -> Future:
     except Exception as err:  # delivered through the future, as a pool would
         future.set_exception(err)
     return future
+
+
+def _stacked_numpy(image: np.ndarray, probs: np.ndarray | Tensor, cfg: CrfConfig) -> np.ndarray:
+    """:func:`crf_labels_stacked` as (S, H, W) uint8 numpy (a worker's job)."""
+    return crf_labels_stacked(image, _tensor(probs, np.float32), cfg).cpu().numpy()
+
+
+def _part(job: Future, index: int) -> Future:
+    """A future of ``job.result()[index]`` (or of its exception)."""
+    part: Future = Future()
+
+    def copy(done: Future) -> None:
+        if done.exception() is not None:
+            part.set_exception(done.exception())
+        else:
+            part.set_result(done.result()[index])
+
+    job.add_done_callback(copy)
+    return part
 
 
 def _torch_jobs(images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tensor], cfg: CrfConfig) -> list[Future]:

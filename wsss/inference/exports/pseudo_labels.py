@@ -54,7 +54,9 @@ import hashlib
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -77,12 +79,15 @@ from wsss.inference.folder.sources import Source, own_shard, writing
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
-from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks, refine_cams_with_par
+from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks
 from wsss.utils.distributed import all_gather_objects, barrier, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, read_image, remove_stale_temporaries, save_mask
 from wsss.utils.folder_lock import hold_lock
+from wsss.utils.startup import default_threads
+from wsss.utils.tensors import argmax
 
-__all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "export_pseudo_labels", "pseudo_masks"]
+__all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "PendingMasks", "export_pseudo_labels",
+           "pseudo_masks", "submit_pseudo_masks"]
 
 PSEUDO_DIR = "SegmentationClassPseudo"
 """Dual-threshold masks under OUT: 255 where uncertain (the second stage's training targets)."""
@@ -106,6 +111,8 @@ class ExportOptions:
         cfg_options: ``{"a.b": value}`` overrides (``--cfg-options``).
         crf: Refine the stacks with the dense CRF.
         crf_workers: CRF processes per rank; None takes ``infer.crf.workers``.
+        threads: The torch threads the user chose for this rank (``--threads`` or ``OMP_NUM_THREADS``), kept; None:
+            once the CRF processes are known, the CPUs they leave (:func:`wsss.utils.startup.default_threads`).
         overwrite: Redo images whose masks exist (and accept other settings than ``run.json``'s).
         progress: Show a progress bar (rank 0).
     """
@@ -115,6 +122,7 @@ class ExportOptions:
     cfg_options: dict[str, Any] = field(default_factory=dict)
     crf: bool = False
     crf_workers: int | None = None
+    threads: int | None = None
     overwrite: bool = False
     progress: bool = True
 
@@ -181,7 +189,28 @@ def mask_name(image_id: str) -> str:
     return image_id[: -len(suffix)] if suffix.lower() in IMAGE_EXTENSIONS else image_id
 
 
-@torch.no_grad()
+@dataclass
+class PendingMasks:
+    """The two masks of one image (:func:`submit_pseudo_masks`): ready, or waiting for the CRF's jobs."""
+
+    keys: Tensor
+    """(1, K) class of each refined channel."""
+    jobs: list[Future]
+    """The CRF labels of the three stacks (high, low and single background plane), or finished futures of the argmax
+    labels without the CRF."""
+    ignore_index: int
+
+    def done(self) -> bool:
+        return all(job.done() for job in self.jobs)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (H, W) uint8 dual-threshold and single-threshold masks; waits for the CRF; raises a job's error."""
+        high, low, single = (self.keys[:, torch.as_tensor(job.result()).to(self.keys.device).long()]
+                             for job in self.jobs)  # fmt: skip
+        certain = combine_dual_threshold(high, low, None, self.ignore_index)
+        return certain[0].to(torch.uint8).cpu().numpy(), single[0].to(torch.uint8).cpu().numpy()
+
+
 def pseudo_masks(
     model: WSSSModel,
     image: Tensor,
@@ -193,7 +222,7 @@ def pseudo_masks(
     crf: CrfPool | None = None,
     raw: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The two pseudo masks of one full image (see the module docstring).
+    """The two pseudo masks of one full image (see the module docstring): :func:`submit_pseudo_masks`, waited for.
 
     Args:
         model: The model, in the mode the caller chose (eval for the export).
@@ -210,18 +239,39 @@ def pseudo_masks(
         (H, W) uint8 masks: the dual-threshold one (``data.ignore_index`` where uncertain) and the single-threshold
         one (every pixel a class).
     """
+    return submit_pseudo_masks(model, image, labels, cfg, mean, std, par, crf, raw).result()
+
+
+@torch.no_grad()
+def submit_pseudo_masks(
+    model: WSSSModel,
+    image: Tensor,
+    labels: Tensor,
+    cfg: Config,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    par: PAR,
+    crf: CrfPool | None = None,
+    raw: np.ndarray | None = None,
+) -> PendingMasks:
+    """The CAMs and PAR of one full image (:func:`pseudo_masks`' arguments), and with ``crf`` its CRF jobs queued:
+    with CRF workers the call returns before they finish, so the next image's CAMs run beside them."""
     cams = multiscale_cam(model.cam, image, labels, cfg.cam.scales)
     rgb = denormalize(image.float(), mean, std)
     planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
+    scores, keys = refine_cam_stacks(rgb, cams, labels, planes, par, cfg.par.scale)  # (3, 1, K, H, W), (1, K)
     if crf is None:
-        high, low, single = refine_cams_with_par(rgb, cams, labels, planes, par, cfg.par.scale)
+        jobs = [_finished(argmax(s, 1)[0]) for s in scores]  # refine_cams_with_par's argmax; the keys in result()
     else:
-        scores, keys = refine_cam_stacks(rgb, cams, labels, planes, par, cfg.par.scale)  # (3, 1, K, H, W), (1, K)
         probs = scores[:, 0] / scores[:, 0].sum(dim=1, keepdim=True)  # one image: no padding
         jobs = crf.submit_stacked(raw, probs)  # the three stacks over one pair of lattices (torch backend)
-        high, low, single = (keys[:, torch.from_numpy(job.result()).to(keys.device).long()] for job in jobs)
-    certain = combine_dual_threshold(high, low, None, cfg.data.ignore_index)
-    return certain[0].to(torch.uint8).cpu().numpy(), single[0].to(torch.uint8).cpu().numpy()
+    return PendingMasks(keys, jobs, cfg.data.ignore_index)
+
+
+def _finished(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def export_pseudo_labels(
@@ -369,12 +419,26 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
     tic = time.perf_counter()
     if todo:
         with ExitStack() as stack:
-            # the CRF workers start before the model exists (see CrfPool)
-            pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers)) if opts.crf else None
+            # the CRF workers start before the model exists (see CrfPool); on the CPU the torch backend's run there too
+            pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers, device=device)) if opts.crf else None
+            if pool is not None and pool.workers and opts.threads is None:  # their CPUs are not the model's
+                torch.set_num_threads(default_threads(pool.workers))
             model, _ = model_from_checkpoint(plan.ckpt, device)
             par = PAR.from_config(cfg.par).to(device)
             palette = voc_palette()
             show = opts.progress and rank == 0
+            # With CRF workers, up to two images per worker wait for their CRF while the next images' CAMs run; the
+            # masks are written in order as they finish (a bounded queue: memory does not grow with the split).
+            waiting_at_most = 2 * pool.workers if pool is not None else 0
+            pending: deque[tuple[str, PendingMasks]] = deque()
+
+            def write_first() -> None:
+                rel, masks = pending.popleft()
+                for path, mask in zip(plan.paths[rel], masks.result(), strict=True):
+                    with writing(path):
+                        save_mask(path, mask, palette)
+                done.append(rel)
+
             for src in tqdm(todo, desc="pseudo labels", unit="img", disable=not show, dynamic_ncols=True):
                 try:
                     raw = read_image(src.path, cfg.data.max_image_pixels)
@@ -383,11 +447,11 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
                     continue
                 image = normalize(raw, mean, std, device)[None]
                 labels = torch.from_numpy(dataset.labels[src.rel].astype(np.float32))[None].to(device)
-                certain, dense = pseudo_masks(model, image, labels, cfg, mean, std, par, pool, raw)
-                for path, mask in zip(plan.paths[src.rel], (certain, dense), strict=True):
-                    with writing(path):
-                        save_mask(path, mask, palette)
-                done.append(src.rel)
+                pending.append((src.rel, submit_pseudo_masks(model, image, labels, cfg, mean, std, par, pool, raw)))
+                while pending and (len(pending) > waiting_at_most or pending[0][1].done()):
+                    write_first()
+            while pending:
+                write_first()
     summary = ExportSummary(output=output, split=plan.split, images=len(sources), seconds=time.perf_counter() - tic)
     parts = all_gather_objects((done, skipped))
     summary.done = sum(len(d) for d, _ in parts)
