@@ -56,10 +56,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(autouse=True)
-def tool_threads_stay_in_their_test():
-    """A tool's main() run in-process sets torch's threads and OMP_NUM_THREADS (wsss.utils.startup.apply_threads):
-    put both back after each test, so that the next runs with the threads it was given (e.g. ``one_thread``)."""
+def _kept_threads():
     threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     yield
     torch.set_num_threads(threads)
@@ -67,6 +64,21 @@ def tool_threads_stay_in_their_test():
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = omp
+
+
+@pytest.fixture(autouse=True)
+def tool_threads_stay_in_their_test():
+    """A tool's main() run in-process sets torch's threads and OMP_NUM_THREADS (wsss.utils.startup.apply_threads):
+    put both back after each test, so that the next runs with the threads it was given (e.g. ``one_thread``)."""
+    yield from _kept_threads()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def tool_threads_stay_in_their_module():
+    """The same around a module, for its module-scoped fixtures that run a tool (an ``OMP_NUM_THREADS`` they left
+    would be the next module's "user's choice": tests/evaluation/test_sharded_eval.py after
+    tests/inference/test_pseudo_export.py wrote other CAM bytes in its one-process run)."""
+    yield from _kept_threads()
 
 
 @pytest.fixture

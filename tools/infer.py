@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from wsss.utils.lifetime import exit_on_sigterm
-from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
+from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse, user_threads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(error)
     if not args.input.exists():
         return refuse(input_error({"INPUT": args.input}))
-    # the decoding processes, and the CRF processes when given here (the checkpoint's infer.crf needs torch to read)
+    # the decoding processes, and the CRF processes when given here (else counted once the checkpoint is read)
+    chosen = args.threads or user_threads()
     apply_threads(args.threads, args.workers + (args.crf_workers or 0 if args.crf else 0))
     from wsss.config import parse_cfg_options
     from wsss.inference.folder.runner import InferenceOptions, run_inference
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         num_workers=args.workers,
         write_threads=args.write_threads,
         crf_workers=args.crf_workers,
+        threads=chosen,
         max_size=args.max_size,
         progress=not args.no_progress,
         follow_symlinks=args.follow_symlinks,

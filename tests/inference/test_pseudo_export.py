@@ -126,16 +126,19 @@ def test_crf_refines_each_stack_before_the_thresholds_combine(toy_checkpoint, tm
     assert json.loads((out / "run.json").read_text())["crf"] is True
 
 
-def test_crf_workers_write_the_masks_of_the_inline_crf(toy_checkpoint, tmp_path):
+def test_crf_workers_write_the_masks_of_the_inline_crf(toy_checkpoint, tmp_path, monkeypatch):
     """On the CPU the torch CRF runs in --crf-workers processes while the next images' CAMs run: the same files as
     with the CRF in the exporting process (--crf-workers 0)."""
     _, ckpt = toy_checkpoint
-    trees = {}
+    trees, calls = {}, []
+    monkeypatch.setattr(export_module, "threads_beside", lambda workers, chosen: calls.append((workers, chosen)))
     for workers in ("0", "2"):
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the user chose none (a run sets it for its processes)
         out = tmp_path / workers
         assert export_cli.main([str(ckpt), str(out), *ARGS, "--crf", "--crf-workers", workers]) == 0
         trees[workers] = {k: v for k, v in outputs(out).items() if k.endswith(".png")}
     assert len(trees["0"]) == 12 and trees["2"] == trees["0"]
+    assert calls == [(2, None)]  # the model's threads: the CPUs the 2 workers leave (none to count for 0)
 
 
 class LazyCrf:

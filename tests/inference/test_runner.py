@@ -17,7 +17,7 @@ from PIL import Image
 from tools import eval as eval_cli
 from tools import infer as infer_cli
 from wsss.data.toy.render import TOY_CLASSES
-from wsss.inference.folder import loop
+from wsss.inference.folder import loop, runner
 from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.inference.folder.sources import list_split
 from wsss.utils import fileio
@@ -97,6 +97,21 @@ def test_cli_end_to_end(trained, tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text())["done"] == 3
     mask_file = out / "masks" / "z.png"
     assert mask_file.stat().st_ino != stats[mask_file].st_ino  # rewritten (atomically, a new file)
+
+
+def test_the_crf_processes_take_their_cpus_from_the_model(trained, tmp_path, monkeypatch):
+    """On the CPU the checkpoint's CRF workers, known once it is read, count with the decoding processes in the model's
+    threads, unless the user chose them (tools/infer.py passes --threads or OMP_NUM_THREADS)."""
+    root, ckpt = trained
+    inp = tmp_path / "in"
+    inp.mkdir()
+    shutil.copy(root / "JPEGImages" / "train_00002.jpg", inp / "a.jpg")
+    calls = []
+    monkeypatch.setattr(runner, "threads_beside", lambda workers, chosen: calls.append((workers, chosen)))
+    for name, threads, crf in (("default", None, True), ("chosen", 3, True), ("plain", None, False)):
+        opts = InferenceOptions(crf=crf, crf_workers=2, num_workers=1, threads=threads, progress=False)
+        assert run_inference(ckpt, inp, tmp_path / name, options=opts, device="cpu").done == 1
+    assert calls == [(3, None), (3, 3)]
 
 
 @pytest.mark.slow

@@ -56,6 +56,21 @@ def test_apply_threads_sets_torch_and_omp_num_threads(monkeypatch):
         torch.set_num_threads(before)
 
 
+@pytest.mark.usefixtures("eight_cpus")
+def test_threads_beside_workers_keep_the_users_choice():
+    """Once a tool knows the processes it starts (a checkpoint's CRF workers), the model gets the CPUs they leave,
+    unless the user chose its threads."""
+    before = torch.get_num_threads()
+    try:
+        startup.threads_beside(3, None)
+        assert torch.get_num_threads() == 5
+        torch.set_num_threads(2)
+        startup.threads_beside(3, 2)  # --threads 2 (or OMP_NUM_THREADS=2), already applied: kept
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_threads_argument_takes_positive_integers_only(capsys):
     parser = argparse.ArgumentParser()
     startup.add_threads_argument(parser)

@@ -132,7 +132,7 @@ def evaluate_checkpoint(
     options = InferenceOptions(
         scales=cfg.infer.scales if tta else (1.0,), flip=cfg.infer.flip and tta, crf=crf, gallery=show_dir is not None,
         overwrite=True, progress=progress, cfg_options={f"infer.{k}": v for k, v in to_dict(cfg)["infer"].items()},
-        num_workers=cfg.data.num_workers,
+        num_workers=cfg.data.num_workers, threads=torch.get_num_threads(),  # as set for the config's processes
     )  # fmt: skip
     summary = run_inference(checkpoint, root, predicted, split, options, device)
     ids = read_split(resolve_split(root, split))

@@ -108,6 +108,16 @@ def apply_threads(threads: int | None, workers: int = 0) -> int:
     return count
 
 
+def threads_beside(workers: int, chosen: int | None) -> None:
+    """Set this rank's torch threads once the worker processes it starts are known (a checkpoint's CRF workers are
+    known only once it is read): ``chosen`` (the user's ``--threads`` or ``OMP_NUM_THREADS``, already applied) is
+    kept, else :func:`default_threads` of ``workers``."""
+    if chosen is None:
+        import torch
+
+        torch.set_num_threads(default_threads(workers))
+
+
 def config_workers(cfg, crf: bool = False, device: str | None = None) -> int:
     """The worker processes a config starts beside the model: ``data.num_workers`` loaders, and with ``crf`` the
     ``infer.crf.workers`` processes of the ``pydensecrf`` backend, and of the ``torch`` backend unless ``device`` is

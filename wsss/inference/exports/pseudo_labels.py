@@ -83,7 +83,7 @@ from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks
 from wsss.utils.distributed import all_gather_objects, barrier, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, read_image, remove_stale_temporaries, save_mask
 from wsss.utils.folder_lock import hold_lock
-from wsss.utils.startup import default_threads
+from wsss.utils.startup import threads_beside
 from wsss.utils.tensors import argmax
 
 __all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "PendingMasks", "export_pseudo_labels",
@@ -112,7 +112,7 @@ class ExportOptions:
         crf: Refine the stacks with the dense CRF.
         crf_workers: CRF processes per rank; None takes ``infer.crf.workers``.
         threads: The torch threads the user chose for this rank (``--threads`` or ``OMP_NUM_THREADS``), kept; None:
-            once the CRF processes are known, the CPUs they leave (:func:`wsss.utils.startup.default_threads`).
+            once the CRF processes are known, the CPUs they leave (:func:`wsss.utils.startup.threads_beside`).
         overwrite: Redo images whose masks exist (and accept other settings than ``run.json``'s).
         progress: Show a progress bar (rank 0).
     """
@@ -421,8 +421,8 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
         with ExitStack() as stack:
             # the CRF workers start before the model exists (see CrfPool); on the CPU the torch backend's run there too
             pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers, device=device)) if opts.crf else None
-            if pool is not None and pool.workers and opts.threads is None:  # their CPUs are not the model's
-                torch.set_num_threads(default_threads(pool.workers))
+            if pool is not None and pool.workers:  # their CPUs are not the model's
+                threads_beside(pool.workers, opts.threads)
             model, _ = model_from_checkpoint(plan.ckpt, device)
             par = PAR.from_config(cfg.par).to(device)
             palette = voc_palette()

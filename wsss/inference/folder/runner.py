@@ -105,6 +105,7 @@ from wsss.inference.folder.sources import OutputError, own_shard
 from wsss.inference.predictor import Segmenter, longest_side
 from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
+from wsss.utils.startup import threads_beside
 
 __all__ = ["InferenceOptions", "InferenceSummary", "check_scales", "default_output", "run_inference"]
 
@@ -125,6 +126,9 @@ class InferenceOptions:
         write_threads: Threads encoding and writing the outputs while the model goes on (0: in the main thread).
         crf_workers: CRF processes (``pydensecrf``, or any backend on the CPU); None takes ``infer.crf.workers``
             (0: in the main process).
+        threads: The torch threads the user chose (``--threads`` or ``OMP_NUM_THREADS``), kept; None: once the CRF
+            processes are known, the CPUs they and the decoding processes leave
+            (:func:`wsss.utils.startup.threads_beside`).
         max_size: Longest side an image is brought to before the scales (0: no cap of its own, 2048 px over the
             largest scale still bounds it); None takes ``infer.max_size`` (see :class:`Segmenter`).
         progress: Show a progress bar.
@@ -144,6 +148,7 @@ class InferenceOptions:
     num_workers: int = 2
     write_threads: int = 2
     crf_workers: int | None = None
+    threads: int | None = None
     max_size: int | None = None
     progress: bool = True
     cfg_options: dict[str, Any] = field(default_factory=dict)
@@ -271,6 +276,8 @@ def run_inference(
     todo, part.existing, part.skipped = split_done(own_shard(listing.sources), layout, listing.inputs, opts.overwrite)
     with ExitStack() as stack:  # the CRF workers start before the model exists (see CrfPool)
         crf = CrfJobs(stack, cfg.infer.crf, opts.crf_workers, opts.batch_size, device) if opts.crf and todo else None
+        if crf is not None and crf.pool.workers:  # their CPUs are not the model's
+            threads_beside(opts.num_workers + crf.pool.workers, opts.threads)
         setup = LoopSetup(
             segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer, checkpoint), output=layout.root,
             scales=scales,
