@@ -104,6 +104,16 @@ def test_auto_takes_the_kernels_exactly_for_cuda_tensors(monkeypatch, device):
     torch.testing.assert_close(out, reference(images, masks))
 
 
+def test_inputs_on_two_devices_are_refused_before_any_launch():
+    """A PAR module left on the CPU with CUDA images would hand the kernels a host pointer: one line says so."""
+    _, fused_par = pars((1, 2))
+    images, masks = guidance(1, 6, 7), torch.rand(1, 2, 6, 7, device=DEVICE)
+    with pytest.raises(ValueError, match=r"on one device, got .*meta.*PAR.to\(device\)"):
+        par_kernel.affinity(images, fused_par.dy.to("meta"), fused_par.dx, fused_par.position, 0.3, 1e-8)
+    with pytest.raises(ValueError, match="on one device"):
+        par_kernel.propagate(fused_par.affinity(images).to("meta"), masks, fused_par.dy, fused_par.dx, 2)
+
+
 def test_a_fused_par_needs_triton(monkeypatch):
     monkeypatch.setattr(par_module, "par_kernel", None)
     with pytest.raises(ModuleNotFoundError, match="needs the triton package"):

@@ -117,9 +117,14 @@ def is_interpreted() -> bool:
 
 
 def _check(*tensors: Tensor) -> None:
+    """The kernels read raw pointers: every tensor on the first one's device, a GPU unless interpreted."""
     if tensors[0].device.type != "cuda" and not is_interpreted():
         raise RuntimeError("the PAR kernels on a CPU tensor need Triton's interpreter: set TRITON_INTERPRET=1 before "
                            "wsss.par_kernel is imported, or par.kernel='torch'")  # fmt: skip
+    devices = [str(t.device) for t in tensors]
+    if len(set(devices)) > 1:
+        raise ValueError(f"the PAR kernels need their inputs on one device, got {', '.join(devices)}: move the PAR "
+                         "module to the images' device (PAR.to(device))")  # fmt: skip
 
 
 def affinity(images: Tensor, dy: Tensor, dx: Tensor, position: Tensor, w1: float, eps: float) -> Tensor:
@@ -135,7 +140,7 @@ def affinity(images: Tensor, dy: Tensor, dx: Tensor, position: Tensor, w1: float
     Returns:
         ``(B, K, H, W)`` float32.
     """
-    _check(images)
+    _check(images, dy, dx, position)
     b, _, h, w = images.shape
     k = dy.numel()
     images = images.float().contiguous()
@@ -159,7 +164,7 @@ def propagate(affinity: Tensor, masks: Tensor, dy: Tensor, dx: Tensor, num_iter:
     Returns:
         ``(B, C, H, W)`` float32.
     """
-    _check(masks)
+    _check(masks, affinity, dy, dx)
     b, c, h, w = masks.shape
     k = dy.numel()
     src = masks.float().contiguous()
