@@ -22,9 +22,9 @@ all channels of a pixel alike, which leaves the argmax taken downstream unchange
 
 Refinement: ``num_iter`` times, ``mask_i <- sum_k affinity_ik * mask_k`` for every channel.
 
-Two implementations of the same formulas (``par.kernel``): PyTorch operations (``torch``: one per neighbour and step,
-about 560 launches per call on a GPU) and Triton kernels (``fused``, :mod:`wsss.par_kernel`: 1 + ``num_iter``
-launches); ``auto`` takes the kernels for CUDA tensors when triton is installed.
+Two implementations of the same formulas (``par.kernel``): PyTorch operations (``torch``: one per neighbour and
+step, 513 launches per call of the paper's PAR on a GPU) and Triton kernels (``fused``, :mod:`wsss.par_kernel`:
+1 + ``num_iter`` launches); ``auto`` takes the kernels for CUDA tensors when triton is installed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """PAR (:mod:`wsss.par`) in Triton kernels: the affinities in one launch, each propagation step in one more.
 
 The PyTorch version dispatches one operation per neighbour and step (10 steps x 48 neighbours of ``addcmul_``, plus
-the affinities' few dozen): about 560 kernel launches per call on a GPU, each moving a few hundred kilobytes. Here:
+33 for the padding and the affinities): 513 kernel launches per call of the paper's PAR on a GPU. Here:
 
 - :func:`affinity`: one program per ``BLOCK`` pixels of one image holds the ``(BLOCK, K)`` neighbour tile in
   registers, per colour channel loads the neighbours' values (coordinates clamped to the image: the replicate padding
