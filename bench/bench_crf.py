@@ -1,6 +1,7 @@
 """Dense CRF: the torch backend against the pydensecrf2 pool, same images, same cores, one process run.
 
     python bench/bench_crf.py [--images 6] [--cores 2] [--cases voc3 voc21 coco81] [--cuda-batches 1 16]
+    python bench/bench_crf.py --launches [--cases ...]
 
 Cases: VOC-sized photographs (500 x 375) with 3 and 21 classes, COCO-sized (640 x 480) with 81, from the
 scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resized, with model-like probabilities
@@ -11,7 +12,13 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
   between processes, no argmax: the library alone, the per-core peer with ``--cores 1``); and of the torch backend
   on the CPU with ``--cores`` threads, one image per call and all the images in one call;
 - peak memory of one image, each backend in a fresh process (peak RSS, VmHWM, above the RSS after imports);
-- on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory.
+- on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory, with each of
+  ``--cuda-kernels`` (``infer.crf.kernel``: PyTorch's sparse products, the Triton kernels).
+
+``--launches``: the operations the host dispatches per CRF call, on the CPU (the Triton kernels in Triton's
+interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the
+kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice, on a
+photograph shrunk to 48 x 64 (the counts do not depend on the size).
 
 Prints a markdown table (docs/benchmarks.md, "Dense CRF").
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -99,15 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--cuda-batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--cuda-kernels", nargs="+", default=["torch", "fused"], choices=["torch", "fused"])
     parser.add_argument("--cuda-only", action="store_true", help="only the CUDA table (make gpu-check)")
+    parser.add_argument("--launches", action="store_true", help="only the operations per call, on the CPU")
     parser.add_argument("--peak", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.peak:
         _peak_child(*args.peak)
         return 0
+    cfg = CrfConfig()
+    if args.launches:
+        launch_table(args, cfg)
+        return 0
     import torch
 
-    cfg = CrfConfig()
     if not args.cuda_only:
         cpu_table(args, cfg)
     if torch.cuda.is_available():
@@ -156,22 +169,60 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     from wsss.inference.crf import dense_crf_batch
 
     print(f"\nCUDA: {torch.cuda.get_device_name()}")
-    print("| case | batch | ms/image | images/s | peak CUDA MiB |")
-    print("|---|---|---|---|---|")
+    print("| case | batch | infer.crf.kernel | ms/image | images/s | peak CUDA MiB |")
+    print("|---|---|---|---|---|---|")
     for name in args.cases:
         for batch_size in args.cuda_batches:
             images, probs = case_inputs(name, batch_size)
             tensors = [torch.from_numpy(p).cuda() for p in probs]
-            dense_crf_batch(images, tensors, cfg)  # warm-up
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            tic = time.perf_counter()
-            for _ in range(3):
-                dense_crf_batch(images, tensors, cfg)
-            torch.cuda.synchronize()
-            ms = (time.perf_counter() - tic) / 3 / batch_size * 1000
-            peak = torch.cuda.max_memory_allocated() / 2**20
-            print(f"| {name} | {batch_size} | {ms:.2f} | {1000 / ms:.1f} | {peak:.0f} |")
+            for kernel in args.cuda_kernels:
+                run_cfg = replace(cfg, kernel=kernel)
+                dense_crf_batch(images, tensors, run_cfg)  # warm-up
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                tic = time.perf_counter()
+                for _ in range(3):
+                    dense_crf_batch(images, tensors, run_cfg)
+                torch.cuda.synchronize()
+                ms = (time.perf_counter() - tic) / 3 / batch_size * 1000
+                peak = torch.cuda.max_memory_allocated() / 2**20
+                print(f"| {name} | {batch_size} | {kernel} | {ms:.2f} | {1000 / ms:.1f} | {peak:.0f} |", flush=True)
+
+
+def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iterations: int = 2) -> tuple[int, float]:
+    """Operations of one ``dense_crf`` call of 0 iterations, and per iteration (the difference over ``iterations``),
+    the Triton kernels' launches counted as one each."""
+    import torch
+
+    from wsss.inference.crf import dense_crf, kernels
+    from wsss.utils.op_count import OpCounter
+
+    counts = []
+    kernel = kernels._product_kernel
+    for n in (0, iterations):
+        counter = OpCounter()
+        kernels._product_kernel = counter.launches(kernel)
+        try:
+            with counter:
+                dense_crf(image, torch.from_numpy(probs), replace(cfg, iterations=n))
+        finally:
+            kernels._product_kernel = kernel
+        counts.append(sum(counter.counts.values()))
+    return counts[0], (counts[1] - counts[0]) / iterations
+
+
+def launch_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton kernels on CPU tensors: set before their import
+    size = (48, 64)
+    print("| case | infer.crf.kernel | operations to build (0 iterations) | per iteration | per call of 10 |")
+    print("|---|---|---:|---:|---:|")
+    for name in args.cases:
+        classes = CASES[name][1]
+        image, probs = photographs(size, 1)[0], probabilities(size, classes, 0)
+        for kernel in ("torch", "fused"):
+            build, per_iteration = launch_counts(replace(cfg, kernel=kernel), image, probs)
+            print(f"| {name} ({classes} classes) | {kernel} | {build} | {per_iteration:g} | "
+                  f"{build + cfg.iterations * per_iteration:g} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

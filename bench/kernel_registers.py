@@ -26,12 +26,14 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from wsss import energy_kernel, par_kernel  # noqa: E402
+from wsss.inference.crf import kernels as crf_kernels  # noqa: E402
 
 
 def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], int]]:
-    """``(name, kernel, signature, constexprs, num_warps)`` as the training step launches them: the energy's 21 classes
-    (K padded to 32, two halves), PAR's 48 neighbours and up to 16 channels per program."""
-    e, p = energy_kernel, par_kernel
+    """``(name, kernel, signature, constexprs, num_warps)`` as the training step and the dense CRF launch them: the
+    energy's 21 classes (K padded to 32, two halves), PAR's 48 neighbours and up to 16 channels per program, the CRF's
+    products at 21 classes (the blurs' tile) and 81 (the last slice's softmax over a 128-wide row)."""
+    e, p, c = energy_kernel, par_kernel, crf_kernels
     energy = {"feat_ptr": "*fp32", "val_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "D": "constexpr",
               "K2": "constexpr", "BLOCK_ROWS": "constexpr", "BLOCK_COLS": "constexpr"}  # fmt: skip
     affinity = {"image_ptr": "*fp32", "dy_ptr": "*i32", "dx_ptr": "*i32", "position_ptr": "*fp32", "out_ptr": "*fp32",
@@ -40,6 +42,11 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], int]]:
     propagate = {"masks_ptr": "*fp32", "affinity_ptr": "*fp32", "dy_ptr": "*i32", "dx_ptr": "*i32", "out_ptr": "*fp32",
                  "height": "i32", "width": "i32", "channels": "i32", "K": "constexpr", "BLOCK": "constexpr",
                  "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
+    product = {"crow_ptr": "*i32", "col_ptr": "*i32", "val_ptr": "*fp32", "x_ptr": "*fp32", "base_ptr": "*fp32",
+               "out_ptr": "*fp32", "rows": "i32", "channels": "i32", "HAS_BASE": "constexpr", "SOFTMAX": "constexpr",
+               "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
+    crf = [dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(classes, softmax), strict=True)) | {"SOFTMAX": softmax}
+           for classes, softmax in ((21, False), (81, True))]  # fmt: skip
     return [
         ("energy filter (wsss.energy_kernel)", e._gaussian_filter_kernel, energy,
          {"D": 5, "K2": 64, "BLOCK_ROWS": e.BLOCK_ROWS, "BLOCK_COLS": e.BLOCK_COLS}, e.NUM_WARPS),
@@ -47,6 +54,8 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], int]]:
          {"K": 48, "KP": 64, "BLOCK": p.AFFINITY_BLOCK}, p.AFFINITY_WARPS),
         ("PAR propagation step (wsss.par_kernel)", p._propagate_kernel, propagate,
          {"K": 48, "BLOCK": p.BLOCK, "BLOCK_CHANNELS": p.BLOCK_CHANNELS}, p.NUM_WARPS),
+        *[("CRF product (wsss.inference.crf.kernels)", c._product_kernel, product, {"HAS_BASE": True, **blocks},
+           c.NUM_WARPS) for blocks in crf],
     ]  # fmt: skip
 
 

@@ -4,7 +4,7 @@
    variant on CUDA; the step's loss terms on CUDA = on the CPU (same weights and batch); the fused Triton energy
    kernel = the blocked version = brute force; PAR's Triton kernels = its PyTorch path on CUDA; the evaluator's
    counts on CUDA = on the CPU, exactly; the ``Segmenter``'s masks on CUDA = on the CPU; the torch dense CRF's
-   marginals on CUDA = on the CPU.
+   marginals on CUDA, with PyTorch's sparse products and with its Triton kernels, = on the CPU.
 2. ``bench/bench_train.py --device cuda`` at the paper setting, with the CAM pass in bfloat16 and in float32;
    ``bench/bench_crf.py --cuda-only``: the dense CRF's ms per image at batch 1 and 16.
 3. DDP: a 1-process ``torchrun`` run with NCCL on a generated toy set; its checkpoint at ``resume_from`` resumed to
@@ -248,18 +248,23 @@ def device_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
     return checks
 
 
-def crf_check(cfg: Config, gc: GpuCheckConfig) -> Check:
-    """Part 1, the dense CRF: the torch backend's marginals on CUDA against the CPU's, two random-colour images of
-    ``image_size`` in one batch (its sparse products cannot run on the emulated device of tests/fake_cuda.py)."""
+def crf_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
+    """Part 1, the dense CRF: the torch backend's marginals on CUDA against the CPU's, with PyTorch's sparse products
+    and with the Triton kernels (``infer.crf.kernel``), two random-colour images of ``image_size`` in one batch (the
+    mean-field cannot run on the emulated device of tests/fake_cuda.py)."""
     g = torch.Generator().manual_seed(0)
     c = len(cfg.data.classes)
     images = [torch.randint(0, 256, (*gc.image_size, 3), generator=g, dtype=torch.uint8).numpy() for _ in range(2)]
     probs = [torch.rand(c, *gc.image_size, generator=g).softmax(0) for _ in images]
-    crf_cfg = dataclasses.replace(cfg.infer.crf, backend="torch")
-    cpu, cuda = (dense_crf_batch(images, [p.to(d) for p in probs], crf_cfg) for d in ("cpu", "cuda"))
-    gap = max(float((a.cpu() - b).abs().max()) for a, b in zip(cuda, cpu, strict=True))
-    return Check("dense CRF (torch backend): CUDA = CPU marginals (max abs)", gap, gc.crf_tolerance,
-                 detail=f"{len(images)} images in one batch, {c} classes")
+    crf_cfg = dataclasses.replace(cfg.infer.crf, backend="torch", kernel="torch")
+    cpu = dense_crf_batch(images, probs, crf_cfg)
+    checks = []
+    for kernel, what in (("torch", "PyTorch's sparse products"), ("fused", "Triton kernels")):
+        cuda = dense_crf_batch(images, [p.cuda() for p in probs], dataclasses.replace(crf_cfg, kernel=kernel))
+        gap = max(float((a.cpu() - b).abs().max()) for a, b in zip(cuda, cpu, strict=True))
+        checks.append(Check(f"dense CRF (torch backend, {what}): CUDA = CPU marginals (max abs)", gap,
+                            gc.crf_tolerance, detail=f"{len(images)} images in one batch, {c} classes"))  # fmt: skip
+    return checks
 
 
 def run_command(args: list[str], timeout: float, cwd: Path = REPO) -> str:
@@ -333,7 +338,7 @@ def gpu_check(config: str, cfg: Config, out_dir: str | Path, parts: tuple[str, .
             if part == "device":
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
                 try:
-                    report.checks += [*device_checks(cfg, gc), crf_check(cfg, gc)]
+                    report.checks += [*device_checks(cfg, gc), *crf_checks(cfg, gc)]
                 finally:
                     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
             elif part == "bench":

@@ -277,14 +277,13 @@ def test_the_lattice_is_built_on_the_device_of_the_features(monkeypatch):
     xy = torch.stack(torch.meshgrid(torch.arange(23.0), torch.arange(29.0), indexing="ij")[::-1], -1).reshape(-1, 2)
     features = torch.cat([xy / 121.0, torch.from_numpy(image).reshape(-1, 3).float() / 5.0], dim=1)
     features = torch.cat([features, features[:-3] * 0.5])  # a second image of 664 pixels: not padded
-    segments = torch.arange(2).repeat_interleave(torch.tensor([667, 664]))
 
     def parts(built: lattice.Lattice) -> list:
         return [x for m in (built.splat, built.slice, *built.blur) for x in m] + [built.points]
 
-    want = parts(lattice.build_lattice(features, segments, reference_padding=True))
+    want = parts(lattice.build_lattice(features, [667, 664], reference_padding=True))
     with fake_cuda():
-        built = lattice.build_lattice(features.to("cuda"), segments.to("cuda"), reference_padding=True)
+        built = lattice.build_lattice(features.to("cuda"), [667, 664], reference_padding=True)
         got = parts(built)
         assert all(x.device.type == "cuda" for x in got if isinstance(x, torch.Tensor))
         got = [x.cpu() if isinstance(x, torch.Tensor) else x for x in got]
@@ -331,18 +330,28 @@ def test_hostile_inputs_are_refused_in_one_line(fn, as_tensor):
         assert message in str(info.value) and "\n" not in str(info.value), name
 
 
-def test_a_bad_image_fails_alone_in_a_batch():
-    """The pool's batch (the torch backend's one call): an image with a NaN probability gets its error, the others
-    their labels."""
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
+def test_a_bad_image_fails_alone_in_a_batch(as_tensor):
+    """The pool's batch (the torch backend's one call, whose labels come back in one copy): an image with a NaN
+    probability and one whose shapes disagree get their errors, the others, of two sizes, their own labels."""
     image, probs, _ = two_region_case()
     nan = probs.copy()
     nan[0, 0, 0] = np.nan
+    small_image, small_probs = np.ascontiguousarray(image[3:20, 5:]), np.ascontiguousarray(probs[:, 3:20, 5:])
+    other = np.ascontiguousarray(probs[::-1])  # the classes swapped: other labels
+    batch = [probs, nan, small_probs, probs[:, 1:], other]
+    if as_tensor:
+        batch = [torch.from_numpy(p) for p in batch]
     with CrfPool(CrfConfig()) as pool:
-        good, bad, also_good = pool.submit_batch([image] * 3, [probs, nan, probs])
-        with pytest.raises(ValueError, match="finite probabilities"):
+        good, bad, small, mismatched, last = pool.submit_batch([image, image, small_image, image, image], batch)
+        with pytest.raises(ValueError, match="finite probabilities: 1 of"):
             bad.result()
+        with pytest.raises(ValueError, match="needs an .H, W, 3. image and .C, H, W. probs"):
+            mismatched.result()
         np.testing.assert_array_equal(good.result(), crf_labels(image, probs))
-        np.testing.assert_array_equal(also_good.result(), good.result())
+        np.testing.assert_array_equal(small.result(), crf_labels(small_image, small_probs))
+        np.testing.assert_array_equal(last.result(), crf_labels(image, other))
+        assert (last.result() != good.result()).any()
 
 
 def test_working_size_fits_the_budget():

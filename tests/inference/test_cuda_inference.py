@@ -71,16 +71,15 @@ LOOP_SYNCS_PER_BATCH = 2
 """The folder loop's host syncs per batch of masks, counted by the emulator (docs/benchmarks.md, "Host syncs of the
 folder loop"), one scale or three with flips alike, whatever the batch size: one for the classifier's logits, from
 which the host decides each image's classes, one for the masks."""
+CRF_SYNCS_PER_BATCH = 7
+"""With the dense CRF instead of the model's masks: the classifier's logits, the probabilities' finiteness, the
+labels (one copy for the batch), and two per lattice (its key box, its number of points), whatever the batch size."""
 
 
-@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
-                    "real GPU does not keep")  # fmt: skip
-@pytest.mark.parametrize("tta", [((1.0,), False), (SCALES, True)], ids=["single", "ms+flip"])
-def test_the_folder_loop_waits_for_the_device_twice_per_batch(toy_checkpoint, tmp_path, tta):
+def syncs_per_batch(root, ckpt, tmp_path, options: dict) -> tuple[int, int]:
     """Every op that makes the host wait for the device (a read of device data, a copy to the host, a blocking
     upload), over 2 images in a batch of 2, 4 in batches of 2 and 4 in a batch of 4: the model's loading and the
-    run's set-up cancel out in the differences, and a batch of 4 costs what a batch of 2 does."""
-    root, ckpt = toy_checkpoint
+    run's set-up cancel out in the differences. Returns the syncs of a batch of 2, and what a batch of 4 costs more."""
     syncs = {}
     for count, batch_size in ((2, 2), (4, 2), (4, 4)):
         folder = tmp_path / f"in{count}"
@@ -89,13 +88,35 @@ def test_the_folder_loop_waits_for_the_device_twice_per_batch(toy_checkpoint, tm
             for i in range(count):
                 picture = Image.open(root / "JPEGImages" / f"train_{i % 4:05d}.jpg").resize((200, 160))
                 picture.save(folder / f"{i}.png")
-        options = InferenceOptions(scales=tta[0], flip=tta[1], batch_size=batch_size, num_workers=0, progress=False)
+        run_options = InferenceOptions(batch_size=batch_size, num_workers=0, progress=False, **options)
         with fake_cuda() as mode:
             out = tmp_path / f"out{count}-{batch_size}"
-            assert run_inference(ckpt, folder, out, options=options, device="cuda").done == count
+            assert run_inference(ckpt, folder, out, options=run_options, device="cuda").done == count
         syncs[count, batch_size] = len(mode.syncs)
-    assert syncs[4, 2] - syncs[2, 2] == LOOP_SYNCS_PER_BATCH, syncs
-    assert syncs[4, 4] == syncs[2, 2], syncs
+    return syncs[4, 2] - syncs[2, 2], syncs[4, 4] - syncs[2, 2]
+
+
+@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
+                    "real GPU does not keep")  # fmt: skip
+@pytest.mark.parametrize("tta", [((1.0,), False), (SCALES, True)], ids=["single", "ms+flip"])
+def test_the_folder_loop_waits_for_the_device_twice_per_batch(toy_checkpoint, tmp_path, tta):
+    per_batch, more_for_four = syncs_per_batch(*toy_checkpoint, tmp_path, {"scales": tta[0], "flip": tta[1]})
+    assert (per_batch, more_for_four) == (LOOP_SYNCS_PER_BATCH, 0)
+
+
+@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
+                    "real GPU does not keep")  # fmt: skip
+def test_the_crf_waits_for_the_device_per_batch_not_per_image(toy_checkpoint, tmp_path, monkeypatch):
+    """The sparse matrices cannot exist on the emulated device: their parts stand in, and the filter returns what it
+    is given (a product reads nothing back on a GPU either); the lattices are built as on a GPU."""
+    from wsss.inference.crf import permutohedral
+
+    monkeypatch.setattr(torch, "sparse_csr_tensor", lambda crow, col, values, size, **_: (crow, col, values, size))
+    monkeypatch.setattr(permutohedral.Lattice, "scaled", lambda self, outer, inner: self)
+    monkeypatch.setattr(permutohedral.Lattice, "filter",
+                        lambda self, values, add_to=None, workspace=None: values if add_to is None else add_to)
+    options = {"crf": True, "cfg_options": {"infer.crf.kernel": "torch"}}  # Triton cannot run on emulated tensors
+    assert syncs_per_batch(*toy_checkpoint, tmp_path, options) == (CRF_SYNCS_PER_BATCH, 0)
 
 
 def test_the_evaluator_counts_on_cuda_as_on_the_cpu():

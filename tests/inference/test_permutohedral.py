@@ -44,7 +44,7 @@ def numbered(monkeypatch, path: str, feats: torch.Tensor, segments: torch.Tensor
     monkeypatch.setattr(permutohedral, "_DENSE_CELLS_PER_ENTRY", cells)
     monkeypatch.setattr(permutohedral, "_CODE_BITS", bits)
     rem0, rank = permutohedral._enclosing_simplex(permutohedral._elevate(feats))
-    return permutohedral._index_vertices(rem0, rank, segments)
+    return permutohedral._index_vertices(rem0, rank, segments, 1 if segments is None else int(segments.max()) + 1)
 
 
 def neighbours_by_key(feats: torch.Tensor, segments: torch.Tensor | None, vertex: torch.Tensor, m: int) -> list:
@@ -101,7 +101,8 @@ def test_the_three_numberings_find_the_same_points_and_neighbours(monkeypatch, k
     filtered = {}
     for path in paths:
         numbered(monkeypatch, path, feats[:1], None)  # sets the path
-        filtered[path] = permutohedral.build_lattice(feats, segments, torch.float64, True).filter(values)
+        sizes = None if segments is None else torch.bincount(segments).tolist()
+        filtered[path] = permutohedral.build_lattice(feats, sizes, torch.float64, True).filter(values)
     for path in paths[1:]:
         torch.testing.assert_close(filtered[path], filtered[paths[0]], rtol=1e-12, atol=0, msg=path)
 
@@ -189,3 +190,9 @@ def test_every_vertex_and_neighbour_key_has_its_own_code_in_the_box(d):
         assert codes.unique().numel() == every.shape[0], seed
         box = math.prod(int(k) for k in every.max(0).values - every.min(0).values + 1)
         assert span < box / (d + 1) ** (d - 2), seed
+
+
+def test_image_sizes_that_miss_points_are_refused():
+    feats, _ = two_images("gaussian")
+    with pytest.raises(ValueError, match=r"sizes \[1961, 629\] do not add up to the 2591 points"):
+        permutohedral.build_lattice(feats, [1961, 629])

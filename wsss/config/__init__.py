@@ -26,6 +26,7 @@ from wsss.config.loading import (
     to_dict,
 )
 from wsss.config.schema import (
+    CRF_KERNELS,
     ENERGY_KERNELS,
     PAR_KERNELS,
     AttentionConfig,
@@ -55,6 +56,7 @@ from wsss.config.validation import (
 __all__ = [
     "BACKBONE_KWARGS",
     "BACKBONE_RANGES",
+    "CRF_KERNELS",
     "ENERGY_KERNELS",
     "PAR_KERNELS",
     "AttentionConfig",

@@ -36,6 +36,9 @@ ENERGY_KERNELS = ("auto", "fused", "blocked")
 PAR_KERNELS = ("auto", "fused", "torch")
 """Implementations of PAR (:class:`wsss.par.PAR`)."""
 
+CRF_KERNELS = ("auto", "fused", "torch")
+"""Implementations of the torch CRF's sparse products (:mod:`wsss.inference.crf`)."""
+
 FRACTION = Range(0, 1, low_open=True)
 """A share that cannot be 0 (a resize factor, a tolerance)."""
 
@@ -333,6 +336,11 @@ class CrfConfig(Section):
     bilateral_srgb: float = bounded(5.0, POSITIVE)
     bilateral_compat: float = bounded(4.0, NON_NEGATIVE)
     iterations: int = bounded(10, ITERATIONS)
+    kernel: str = choice(*CRF_KERNELS)
+    """How the ``torch`` backend's mean-field runs its sparse products, the same sums either way (float32 rounding
+    apart): ``fused`` (one Triton kernel per product, the prior and the softmax in the last slice; CUDA, or the CPU
+    under ``TRITON_INTERPRET=1``), ``torch`` (PyTorch's sparse CSR products, any device) or ``auto`` (fused on CUDA
+    when triton is installed, torch elsewhere). docs/reference.md, the bullets after the table."""
     reference_padding: bool = True
     """``torch`` backend: add the lattice points pydensecrf's SSE build adds when an image's pixel count is not a
     multiple of 4 (padding points at feature 0, whose simplex joins the lattice and relays the blur), so the

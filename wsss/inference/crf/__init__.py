@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from wsss.config import CrfConfig
+from wsss.inference.crf import permutohedral
 from wsss.inference.crf.permutohedral import build_lattice, workspace_for
 from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.utils.lifetime import die_with_parent
@@ -64,7 +65,7 @@ of 500 x 375, 21 classes, one thread: 0.76 images/s in one run against 1.24 one 
 
 __all__ = [
     "BYTES_PER_PIXEL", "BYTES_PER_PIXEL_AND_CLASS", "CPU_RUN_PIXELS", "CrfPool", "NORM_EPS", "UNARY_CLIP",
-    "crf_labels", "crf_labels_stacked", "dense_crf", "dense_crf_batch", "working_size",
+    "crf_labels", "crf_labels_stacked", "dense_crf", "dense_crf_batch", "uses_kernels", "working_size",
 ]  # fmt: skip
 
 
@@ -167,7 +168,8 @@ def dense_crf_batch(
         images: (H_i, W_i, 3) uint8 RGB arrays or tensors.
         probs: (C_i, H_i, W_i) float probability tensors, all on one device (where the CRF runs).
         cfg: Kernel constants, iterations and memory budget.
-        dtype: Of the mean-field (float32 as pydensecrf; float64 shows how far float32 rounding moves a result).
+        dtype: Of the mean-field (float32 as pydensecrf; float64 shows how far float32 rounding moves a result, and
+            runs PyTorch's products whatever ``cfg.kernel``).
 
     Returns:
         (C_i, H_i, W_i) marginals of ``dtype`` on that device, one per image.
@@ -175,8 +177,9 @@ def dense_crf_batch(
     Raises:
         ValueError: An image or its probabilities are not as above (one line naming what is wrong).
     """
-    for image, p in zip(images, probs, strict=True):
-        _check_pair(image, p)
+    for error in _check_pairs(images, probs):
+        if error is not None:
+            raise error
     return [_full_size(q, size) for q, size in _refine_batch(images, probs, cfg, dtype)]
 
 
@@ -283,14 +286,18 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
         # true division, as pydensecrf's i / sx (CUDA would multiply by a reciprocal for a Python scalar)
         features_g.append(xy / sxy_g)
         features_b.append(torch.cat([xy / sxy_b, rgb / srgb], dim=1))
-    segments = torch.cat([torch.full((n,), k, device=device) for k, n in enumerate(sizes)])
+    fused = dtype == torch.float32 and uses_kernels(cfg, device)
     kernels = []
     for features, compat in ((features_g, cfg.gaussian_compat), (features_b, cfg.bilateral_compat)):
         if compat == 0:
             continue
-        lattice = build_lattice(torch.cat(features), segments if len(sizes) > 1 else None, dtype,
-                                reference_padding=cfg.reference_padding)  # fmt: skip
-        norm = (lattice.filter(torch.ones(unary.shape[0], 1, dtype=dtype, device=device)) + NORM_EPS).rsqrt()
+        lattice = build_lattice(torch.cat(features), sizes, dtype, reference_padding=cfg.reference_padding)
+        ones = torch.ones(unary.shape[0], 1, dtype=dtype, device=device)
+        if fused:
+            filtered = lattice.filter_fused(ones, torch.empty_like(ones), workspace_for([lattice], 1, dtype, device))
+        else:
+            filtered = lattice.filter(ones)
+        norm = (filtered + NORM_EPS).rsqrt()
         kernels.append(lattice.scaled(compat * norm, norm))  # Potts: -compat * filtered, subtracted
     prior = unary.neg_()  # -unary, in its buffer
     per_stack = prior.shape[1] // stacks
@@ -298,17 +305,37 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
     workspace = workspace_for(kernels, prior.shape[1], dtype, device) if kernels else None
     q, message = torch.empty_like(prior), prior.clone()
     _softmax(message.view(-1, per_stack), q.view(-1, per_stack))
+    # fused: message = prior + each kernel's filter in one launch per product, and the last slice takes the softmax
+    # into q where one program holds a row's classes
+    fused = fused and bool(kernels)
+    fused_softmax = fused and stacks == 1 and prior.shape[1] <= permutohedral.kernels.SOFTMAX_CHANNELS
     for _ in range(cfg.iterations):
-        message.copy_(prior)
-        for lattice in kernels:
-            lattice.filter(q, add_to=message, workspace=workspace)
-        _softmax(message.view(-1, per_stack), q.view(-1, per_stack))
+        if not fused:
+            message.copy_(prior)
+        for k, lattice in enumerate(kernels):
+            if fused:
+                last = fused_softmax and k == len(kernels) - 1
+                lattice.filter_fused(q, q if last else message, workspace, base=message if k else prior, softmax=last)
+            else:
+                lattice.filter(q, add_to=message, workspace=workspace)
+        if not fused_softmax:
+            _softmax(message.view(-1, per_stack), q.view(-1, per_stack))
     out, rows = [], 0
     for p in probs:
         c, h, w = p.shape
         out.append(q[rows : rows + h * w, :c].T.reshape(c, h, w).contiguous())
         rows += h * w
     return out
+
+
+def uses_kernels(cfg: CrfConfig, device: str | torch.device) -> bool:
+    """Whether the ``torch`` backend's float32 mean-field on ``device`` runs its products in Triton kernels
+    (``cfg.kernel``: ``auto`` on CUDA when triton is installed)."""
+    if cfg.kernel == "auto":
+        return torch.device(device).type == "cuda" and permutohedral.kernels is not None
+    if cfg.kernel == "fused" and permutohedral.kernels is None:
+        raise ModuleNotFoundError("infer.crf.kernel='fused' needs the triton package (pip install triton)")
+    return cfg.kernel == "fused"
 
 
 def _softmax(message: Tensor, out: Tensor) -> None:
@@ -347,6 +374,43 @@ def _check_pair(image: np.ndarray | Tensor, probs: np.ndarray | Tensor) -> None:
         ValueError: The shapes do not match, the image is not uint8, it has no pixel, there is no class, or a
             probability is NaN or infinite (which would spread to every pixel of the image through the lattice).
     """
+    error = _check_pairs([image], [probs])[0]
+    if error is not None:
+        raise error
+
+
+def _check_pairs(
+    images: Sequence[np.ndarray | Tensor], probs: Sequence[np.ndarray | Tensor]
+) -> list[ValueError | None]:
+    """:func:`_check_pair` of many pairs: the ``ValueError`` of each, or None. The probabilities' finiteness is read
+    once per device for all of them (a GPU waits once per batch, not once per image)."""
+    errors: list[ValueError | None] = []
+    for image, p in zip(images, probs, strict=True):
+        try:
+            _check_shapes(image, p)
+            errors.append(None)
+        except ValueError as err:
+            errors.append(err)
+    ok = [k for k, error in enumerate(errors) if error is None]
+    counts = {}
+    for k in ok:
+        finite = torch.isfinite(probs[k]) if isinstance(probs[k], Tensor) else np.isfinite(probs[k])
+        counts[k] = (~finite).any(0).sum()
+    for device in {c.device for c in counts.values() if isinstance(c, Tensor)}:
+        keys = [k for k, c in counts.items() if isinstance(c, Tensor) and c.device == device]
+        counts.update(zip(keys, torch.stack([counts[k] for k in keys]).tolist(), strict=True))
+    for k, bad in counts.items():
+        if bad:
+            pixels = probs[k].shape[1] * probs[k].shape[2]
+            errors[k] = ValueError(
+                f"dense_crf needs finite probabilities: {int(bad)} of {pixels} pixels hold NaN or an infinity (the "
+                "CRF would spread it to every pixel of the image)"
+            )
+    return errors
+
+
+def _check_shapes(image: np.ndarray | Tensor, probs: np.ndarray | Tensor) -> None:
+    """:func:`_check_pair` but the finiteness."""
     if image.ndim != 3 or image.shape[2] != 3 or probs.ndim != 3 or tuple(probs.shape[1:]) != tuple(image.shape[:2]):
         raise ValueError(
             f"dense_crf needs an (H, W, 3) image and (C, H, W) probs, got {tuple(image.shape)}, {tuple(probs.shape)}"
@@ -360,12 +424,6 @@ def _check_pair(image: np.ndarray | Tensor, probs: np.ndarray | Tensor) -> None:
         raise ValueError(f"dense_crf needs an image of at least 1 x 1 pixels, got {image.shape[0]} x {image.shape[1]}")
     if not probs.shape[0]:
         raise ValueError(f"dense_crf needs probabilities of at least 1 class, got shape {tuple(probs.shape)}")
-    bad = int((~(torch.isfinite(probs) if isinstance(probs, Tensor) else np.isfinite(probs))).any(0).sum())
-    if bad:
-        raise ValueError(
-            f"dense_crf needs finite probabilities: {bad} of {probs.shape[1] * probs.shape[2]} pixels hold NaN or an "
-            "infinity (the CRF would spread it to every pixel of the image)"
-        )
 
 
 def _numpy(array: np.ndarray | Tensor) -> np.ndarray:
@@ -531,15 +589,23 @@ def _part(job: Future, index: int) -> Future:
 
 def _torch_jobs(images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tensor], cfg: CrfConfig) -> list[Future]:
     """Finished futures of (H, W) uint8 numpy labels: the images whose inputs pass the checks run in as few
-    mean-field runs as the memory budget allows, the others fail alone."""
-    futures = [_run_now(_check_pair, i, p) for i, p in zip(images, probs, strict=True)]
-    ok = [k for k, f in enumerate(futures) if f.exception() is None]
+    mean-field runs as the memory budget allows, the others fail alone. On a GPU the host waits for the checks once
+    and for the labels once (one copy of them all)."""
+    futures = []
+    for error in _check_pairs(images, probs):
+        futures.append(Future())
+        if error is not None:
+            futures[-1].set_exception(error)
+    ok = [k for k, future in enumerate(futures) if not future.done()]
     tensors = [_tensor(probs[k], np.float32) for k in ok]
-    batch = _run_now(_refine_batch, [images[k] for k in ok], tensors, cfg, torch.float32)
-    for k, j in zip(ok, range(len(ok)), strict=True):
-        futures[k] = Future()
-        if batch.exception() is not None:
-            futures[k].set_exception(batch.exception())
-        else:
-            futures[k].set_result(_labels(*batch.result()[j]).cpu().numpy())
+    try:
+        labels = [_labels(*refined) for refined in _refine_batch([images[k] for k in ok], tensors, cfg, torch.float32)]
+        flat = torch.cat([m.reshape(-1) for m in labels]).cpu().numpy() if labels else None
+    except Exception as err:  # delivered through the futures, as a pool would
+        for k in ok:
+            futures[k].set_exception(err)
+        return futures
+    ends = np.cumsum([m.numel() for m in labels])
+    for k, m, part in zip(ok, labels, np.split(flat, ends[:-1]), strict=True):
+        futures[k].set_result(part.reshape(m.shape))
     return futures

@@ -22,18 +22,29 @@ barycentric weights:
 
 Splat, blur and slice are sparse matrix products (CSR), built once per lattice, so a mean-field iteration is a few
 sparse-dense products on whatever device the features are on, each into a buffer made once (:meth:`Lattice.filter`),
-and the sums are deterministic.
+and the sums are deterministic; :meth:`Lattice.filter_fused` runs each as one Triton kernel
+(:mod:`wsss.inference.crf.kernels`, the default on CUDA).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from wsss.utils.tensors import to_device
+
+try:  # optional: triton ships with the CUDA builds of torch (Lattice.filter_fused)
+    from wsss.inference.crf import kernels
+except ModuleNotFoundError as err:  # pragma: no cover - depends on the install
+    if err.name != "triton":
+        raise
+    kernels = None
 
 __all__ = ["Lattice", "build_lattice", "workspace_for"]
 
@@ -81,6 +92,18 @@ class Lattice:
             add_to = values.new_zeros(values.shape)
         return add_to.addmm_(self.slice, current)
 
+    def filter_fused(self, values: Tensor, out: Tensor, workspace: Tensor, base: Tensor | None = None,
+                     softmax: bool = False) -> Tensor:  # fmt: skip
+        """:meth:`filter` in Triton kernels (:func:`wsss.inference.crf.kernels.product`, float32, contiguous (N, C)
+        blocks): ``out = base + filter(values)``, each row replaced by its softmax with ``softmax``; ``d + 3``
+        launches."""
+        current, spare = workspace[0, : self.points + 1], workspace[1, : self.points + 1]
+        kernels.product(self.splat, values, current)
+        for blur in self.blur:
+            kernels.product(blur, current, spare)
+            current, spare = spare, current
+        return kernels.product(self.slice, current, out, base=base, softmax=softmax)
+
     def scaled(self, outer: Tensor, inner: Tensor) -> Lattice:
         """The lattice whose :meth:`filter` gives ``outer * filter(inner * values)`` for (N, 1) ``outer`` and
         ``inner``: the per-point factors folded into the slice's and the splat's weights (a kernel's normalisation
@@ -90,16 +113,18 @@ class Lattice:
 
 def build_lattice(
     features: Tensor,
-    segments: Tensor | None = None,
+    sizes: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float32,
     reference_padding: bool = False,
 ) -> Lattice:
-    """The lattice of ``features``, one separate lattice per segment (image) when ``segments`` is given.
+    """The lattice of ``features``, one separate lattice per image when ``sizes`` gives more than one.
 
     Args:
         features: (N, d) float32 positions in feature space, already divided by the standard deviations.
-        segments: (N,) int64 image index of each point, or None for one image. Points of different segments never
-            share a lattice point, so one call filters many images independently.
+        sizes: The number of points of each image, whose points follow each other in ``features`` (sum N), or None
+            for one image. Points of different images never share a lattice point, so one call filters many images
+            independently. Host integers: the image of each point and the padding below need no read of the
+            device.
         dtype: Of the filter's weights, and so of the values it filters (the lattice itself is found in float32,
             as pydensecrf finds it).
         reference_padding: Add the lattice points that pydensecrf's SSE build adds: it places the points in groups
@@ -114,42 +139,48 @@ def build_lattice(
         raise ValueError(f"features must be (N, d) float32, got {tuple(features.shape)} {features.dtype}")
     n, d = features.shape
     device = features.device
-    if reference_padding:
-        counts = torch.bincount(segments) if segments is not None else torch.tensor([n], device=device)
-        padded = (counts % 4 != 0).nonzero()[:, 0]
-        features = torch.cat([features, features.new_zeros(padded.numel(), d)])
-        if segments is not None:
-            segments = torch.cat([segments, padded])
+    sizes = [n] if sizes is None else [int(k) for k in sizes]
+    if sum(sizes) != n:
+        raise ValueError(f"the images' sizes {sizes} do not add up to the {n} points of the features")
+    padded = [k for k, points in enumerate(sizes) if points % 4] if reference_padding else []
+    if padded:
+        features = torch.cat([features, features.new_zeros(len(padded), d)])
+    segments = None
+    if len(sizes) > 1:  # each point's image, the padding points' after the others
+        ends = to_device(torch.tensor(sizes).cumsum(0), device)
+        segments = torch.searchsorted(ends, torch.arange(n, device=device), right=True)
+        segments = torch.cat([segments, to_device(torch.tensor(padded, dtype=torch.long), device)])
     elevated = _elevate(features)
     rem0, rank = _enclosing_simplex(elevated)
     weights = _barycentric(elevated, rem0, rank)
-    vertex, neighbours, m, order = _index_vertices(rem0, rank, segments)
+    vertex, neighbours, m, order = _index_vertices(rem0, rank, segments, len(sizes))
     # Lattice values carry one extra row 0 (pydensecrf's "-1 -> 0" shift): what a missing neighbour reads
     size = m + 1
     vertex = vertex[: n * (d + 1)]  # the padding points' entries follow: they splat nothing
     if order is None:  # the entries by point, in order
         order = torch.sort(vertex.int() if vertex.numel() < 2**31 else vertex, stable=True).indices
-    elif order.numel() > vertex.numel():
-        order = order[order < vertex.numel()]
-    splat = _csr(torch.bincount(vertex + 1, minlength=size), order // (d + 1), weights.reshape(-1)[order],
-                 (size, n), dtype)  # fmt: skip
+    elif order.numel() > vertex.numel():  # the entries of the real points, as many as there are (no host read)
+        order = order.take(torch.nonzero_static(order < vertex.numel(), size=vertex.numel())[:, 0])
+    counts = torch.zeros(size, dtype=torch.long, device=device).scatter_add_(0, vertex + 1, torch.ones_like(vertex))
+    splat = _csr(_crow(counts), order // (d + 1), weights.take(order), (size, n), dtype)
     by_entry = (vertex + 1).view(n, d + 1)
     weights = weights[:n]
     cols, sort = by_entry.sort(dim=1)  # CSR columns ascend within a row
     alpha = np.float32(1.0 / (1.0 + 2.0 ** (-d)))
-    slice_ = _csr(torch.full((n,), d + 1, device=device), cols.reshape(-1),
+    slice_ = _csr(torch.arange(n + 1, device=device) * (d + 1), cols.reshape(-1),
                   weights.view(n, d + 1).gather(1, sort).reshape(-1) * float(alpha), (n, size), dtype)  # fmt: skip
     blur = []
     own = torch.arange(1, size, device=device)
-    counts = torch.full((size,), 3, device=device)
-    counts[0] = 0  # row 0 stays 0
+    crow = (torch.arange(size + 1, device=device) - 1).clamp_(min=0) * 3  # three entries a row; row 0 none: stays 0
+    if 3 * size < 2**31:
+        crow = crow.int()  # once for every direction
     for n1, n2 in neighbours:
         # the row's three columns in ascending order (a missing neighbour, 0, reads row 0: it adds 0 exactly)
         low, high = torch.minimum(n1, n2), torch.maximum(n1, n2)
         first, last = torch.minimum(own, low), torch.maximum(own, high)
         cols = torch.stack([first, own + low + high - first - last, last], dim=1)
         values = torch.where(cols == own[:, None], 1.0, 0.5)
-        blur.append(_csr(counts, cols.reshape(-1), values.reshape(-1), (size, size), dtype))
+        blur.append(_csr(crow, cols.reshape(-1), values.reshape(-1), (size, size), dtype))
     return Lattice(splat=splat, slice=slice_, blur=blur, points=m)
 
 
@@ -210,14 +241,14 @@ def _barycentric(elevated: Tensor, rem0: Tensor, rank: Tensor) -> Tensor:
 
 
 def _index_vertices(
-    rem0: Tensor, rank: Tensor, segments: Tensor | None
+    rem0: Tensor, rank: Tensor, segments: Tensor | None, images: int = 1
 ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], int, Tensor | None]:
     """Number the simplex vertices of every point: the lattice points.
 
     The vertex r of point i has the key ``rem0[i, :d] + r - (d+1) [rank[i, :d] > d - r]`` (the canonical simplex's
     vertex r is (r, ..., r, r - (d+1), ..., r - (d+1)) with d+1-r leading r's, in the order of the ranks), the
-    image index (``segments``) before it. The numbering keeps the products local, measured on the CPU on
-    bench/bench_crf.py's photographs:
+    image index (``segments``, 0 to ``images`` - 1) before it. The numbering keeps the products local, measured on
+    the CPU on bench/bench_crf.py's photographs:
 
     - keys of pixel positions (found through a table over every cell) are numbered in the order pydensecrf's hash
       table inserts them: by the first entry (point, vertex) that reaches them, so points near in the image are near
@@ -234,12 +265,11 @@ def _index_vertices(
     device = rem0.device
     entries = torch.arange(n * (d + 1), device=device)
     low, strides, span = _code_box(rem0)
-    images = int(segments.max()) + 1 if segments is not None else 1
     cells = span * images
     if cells >= 2**_CODE_BITS:  # too wide for one int64 code: sort the key rows themselves
         vertex, n1, m = _index_rows(_keys(rem0, rank, segments), d, offset=0 if segments is None else 1)
         return vertex, _with_second_neighbours(n1, m), m, None
-    stride = torch.tensor(strides, device=device)
+    stride = to_device(torch.tensor(strides), device)
     base = ((rem0[:, :d] - low) * stride).sum(dim=1)
     if segments is not None:
         base += segments.to(device).long() * span
@@ -249,11 +279,11 @@ def _index_vertices(
     r = torch.arange(d + 1, device=device)
     codes = above.mul_(-(d + 1)).add_(base[:, None]).add_(r * sum(strides)).reshape(-1)
     # the code shift to each direction's first neighbour: every column -1, column j +d
-    steps = torch.tensor([(d + 1) * s - sum(strides) for s in [*strides, 0]], device=device)
+    steps = to_device(torch.tensor([(d + 1) * s - sum(strides) for s in [*strides, 0]]), device)
     if cells <= _DENSE_CELLS_PER_ENTRY * entries.numel():  # a table over every cell, no sort, no search
         first = torch.full((cells,), entries.numel(), device=device).scatter_reduce_(0, codes, entries, "amin")
         points = (first < entries.numel()).nonzero()[:, 0]
-        points = points[torch.argsort(first.take(points))]  # insertion order
+        points = points.take(torch.argsort(first.take(points)))  # insertion order
         m = points.numel()
         table = first.zero_()
         table[points] = torch.arange(1, m + 1, device=device)
@@ -339,11 +369,16 @@ def _scale(matrix: Tensor, factors: Tensor, rows: bool = True) -> Tensor:
     return torch.sparse_csr_tensor(crow, col, matrix.values() * factors, matrix.shape, check_invariants=False)
 
 
-def _csr(counts: Tensor, cols: Tensor, values: Tensor, size: tuple[int, int], dtype: torch.dtype) -> Tensor:
-    """A CSR matrix from the number of entries of each row and the entries' columns and values, row by row; int32
-    indices where they fit (MKL takes no others: int64 ones are converted at every product)."""
-    crow = torch.zeros(counts.numel() + 1, dtype=torch.long, device=cols.device)
+def _crow(counts: Tensor) -> Tensor:
+    """CSR row offsets from the number of entries of each row."""
+    crow = torch.zeros(counts.numel() + 1, dtype=torch.long, device=counts.device)
     torch.cumsum(counts, 0, out=crow[1:])
+    return crow
+
+
+def _csr(crow: Tensor, cols: Tensor, values: Tensor, size: tuple[int, int], dtype: torch.dtype) -> Tensor:
+    """A CSR matrix from its row offsets and the entries' columns and values, row by row; int32 indices where they
+    fit (MKL takes no others: int64 ones are converted at every product)."""
     if cols.numel() < 2**31 and max(size) < 2**31:
         crow, cols = crow.int(), cols.int()
     with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
