@@ -159,8 +159,10 @@ def build_lattice(
     vertex = vertex[: n * (d + 1)]  # the padding points' entries follow: they splat nothing
     if order is None:  # the entries by point, in order
         order = torch.sort(vertex.int() if vertex.numel() < 2**31 else vertex, stable=True).indices
-    elif order.numel() > vertex.numel():  # the entries of the real points, as many as there are (no host read)
-        order = order.take(torch.nonzero_static(order < vertex.numel(), size=vertex.numel())[:, 0])
+    elif order.numel() > vertex.numel():  # the real points' entries in their order, a count the host knows: each
+        keep = order < vertex.numel()  # to its place among them, the padding's to one slot past them (no host read)
+        slot = torch.where(keep, keep.cumsum(0) - 1, vertex.numel())
+        order = order.new_empty(vertex.numel() + 1).scatter_(0, slot, order)[:-1]
     counts = torch.zeros(size, dtype=torch.long, device=device).scatter_add_(0, vertex + 1, torch.ones_like(vertex))
     splat = _csr(_crow(counts), order // (d + 1), weights.take(order), (size, n), dtype)
     by_entry = (vertex + 1).view(n, d + 1)
