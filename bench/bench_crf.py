@@ -198,15 +198,18 @@ def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iteratio
     from wsss.utils.op_count import OpCounter
 
     counts = []
-    kernel = kernels._product_kernel
+    names = ("_product_kernel", "_simplex_kernel")
+    originals = [getattr(kernels, name) for name in names]
     for n in (0, iterations):
         counter = OpCounter()
-        kernels._product_kernel = counter.launches(kernel)
+        for name, kernel in zip(names, originals, strict=True):
+            setattr(kernels, name, counter.launches(kernel))
         try:
             with counter:
                 dense_crf(image, torch.from_numpy(probs), replace(cfg, iterations=n))
         finally:
-            kernels._product_kernel = kernel
+            for name, kernel in zip(names, originals, strict=True):
+                setattr(kernels, name, kernel)
         counts.append(sum(counter.counts.values()))
     return counts[0], (counts[1] - counts[0]) / iterations
 

@@ -32,7 +32,8 @@ from wsss.inference.crf import kernels as crf_kernels  # noqa: E402
 def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], int]]:
     """``(name, kernel, signature, constexprs, num_warps)`` as the training step and the dense CRF launch them: the
     energy's 21 classes (K padded to 32, two halves), PAR's 48 neighbours and up to 16 channels per program, the CRF's
-    products at 21 classes (the blurs' tile) and 81 (the last slice's softmax over a 128-wide row)."""
+    products at 21 classes (the blurs' tile) and 81 (the last slice's softmax over a 128-wide row), its simplices of
+    the Gaussian kernel's 2-d and the bilateral's 5-d features."""
     e, p, c = energy_kernel, par_kernel, crf_kernels
     energy = {"feat_ptr": "*fp32", "val_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "D": "constexpr",
               "K2": "constexpr", "BLOCK_ROWS": "constexpr", "BLOCK_COLS": "constexpr"}  # fmt: skip
@@ -47,6 +48,11 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], int]]:
                "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
     crf = [dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(classes, softmax), strict=True)) | {"SOFTMAX": softmax}
            for classes, softmax in ((21, False), (81, True))]  # fmt: skip
+    simplex = {"features_ptr": "*fp32", "scale_ptr": "*fp32", "rem0_ptr": "*i64", "rank_ptr": "*i64",
+               "weight_ptr": "*fp32", "n": "i32", "down": "fp32", "D": "constexpr", "DP": "constexpr",
+               "BLOCK": "constexpr"}  # fmt: skip
+    dims = [{"D": d, "DP": triton.next_power_of_2(d + 1), "BLOCK": c.SIMPLEX_TILE // triton.next_power_of_2(d + 1) ** 2}
+            for d in (2, 5)]  # fmt: skip
     return [
         ("energy filter (wsss.energy_kernel)", e._gaussian_filter_kernel, energy,
          {"D": 5, "K2": 64, "BLOCK_ROWS": e.BLOCK_ROWS, "BLOCK_COLS": e.BLOCK_COLS}, e.NUM_WARPS),
@@ -56,6 +62,8 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], int]]:
          {"K": 48, "BLOCK": p.BLOCK, "BLOCK_CHANNELS": p.BLOCK_CHANNELS}, p.NUM_WARPS),
         *[("CRF product (wsss.inference.crf.kernels)", c._product_kernel, product, {"HAS_BASE": True, **blocks},
            c.NUM_WARPS) for blocks in crf],
+        *[("CRF simplices (wsss.inference.crf.kernels)", c._simplex_kernel, simplex, constants, c.NUM_WARPS)
+          for constants in dims],
     ]  # fmt: skip
 
 

@@ -16,7 +16,16 @@ import torch
 from tests.inference.test_crf_parity import assert_same_crf, smooth_probs
 from wsss.config import CrfConfig
 from wsss.inference import crf as crf_module
-from wsss.inference.crf import crf_labels, crf_labels_stacked, dense_crf_batch, kernels, permutohedral, uses_kernels
+from wsss.inference.crf import (
+    crf_labels,
+    crf_labels_stacked,
+    dense_crf,
+    dense_crf_batch,
+    kernels,
+    permutohedral,
+    uses_kernels,
+)
+from wsss.utils.op_count import OpCounter
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -84,6 +93,53 @@ def test_the_kernel_refuses_what_it_cannot_read():
         kernels.product(matrix, torch.randn(3, 8, device=DEVICE).T, out)
 
 
+def pixel_features(height: int, width: int, sxy: float, srgb: float | None = None, seed: int = 0) -> torch.Tensor:
+    """The Gaussian kernel's (x, y) / sxy, or the bilateral one's with colour noise and a flat patch / srgb."""
+    y, x = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    xy = torch.stack([x.reshape(-1), y.reshape(-1)], dim=1).float() / sxy
+    if srgb is None:
+        return xy
+    rgb = torch.randint(0, 256, (height * width, 3), generator=torch.Generator().manual_seed(seed)).float()
+    rgb[: height * width // 3] = 128.0
+    return torch.cat([xy, rgb / srgb], dim=1)
+
+
+@pytest.mark.parametrize(
+    "features",
+    [pixel_features(31, 37, 1.0), pixel_features(17, 23, 3.0), pixel_features(29, 31, 121.0, 5.0),
+     pixel_features(13, 11, 20.0, 13.0, seed=1), torch.randn(300, 4, generator=torch.Generator().manual_seed(2)) * 7,
+     pixel_features(1, 1, 3.0), torch.randint(-4000, 4000, (4000, 2), generator=torch.Generator().manual_seed(3)) / 64,
+     torch.tensor([[50.796875, -0.421875, 55.1875, 43.84375, 30.3125], [28.53125, 56.75, -12.703125, -37.578125,
+                   -27.0625], [-7.59375, -42.921875, 1.203125, 8.625, -13.234375]])],
+    ids=["gaussian-1", "gaussian-3", "bilateral", "bilateral-narrow", "random-4d", "one-point", "halves-2d",
+         "halves-5d"],
+)  # fmt: skip
+def test_the_simplices_are_pytorchs_exactly(features):
+    """Elevation, enclosing simplex (rounding half to even, the ranks' tie rule) and barycentric weights: every value
+    equal to the PyTorch functions'. Integer pixel positions make ties of the ranks; features in 64ths put a
+    coordinate / (d + 1) exactly halfway between two integers (about 1 % of 2-d points; the three 5-d rows found among
+    2 million): on such a boundary rounding up or to the even integer gives the same simplex and weights (checked
+    with PyTorch's functions, so no test can tell the two apart)."""
+    d = features.shape[1]
+    elevated = permutohedral._elevate(features)
+    rem0, rank = permutohedral._enclosing_simplex(elevated)
+    weights = permutohedral._barycentric(elevated, rem0, rank)
+    scales = torch.tensor(permutohedral._elevation_scales(d), device=DEVICE)
+    got = kernels.simplices(features.to(DEVICE), scales, permutohedral._down(d))
+    for a, b in zip(got, (rem0, rank, weights), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.cpu(), b)
+
+
+def test_the_fused_lattice_is_the_pytorch_one():
+    """Two images of one lattice with pydensecrf's padding points: every index and weight the same."""
+    features = torch.cat([pixel_features(9, 11, 121.0, 5.0), pixel_features(7, 6, 121.0, 5.0, seed=3)]).to(DEVICE)
+    built = [permutohedral.build_lattice(features, [99, 42], reference_padding=True, fused=fused) for fused in (0, 1)]
+    assert built[0].points == built[1].points
+    for a, b in zip(*[[m for m in (b.splat, b.slice, *b.blur)] for b in built], strict=True):
+        for part in ("crow_indices", "col_indices", "values"):
+            assert torch.equal(getattr(a, part)(), getattr(b, part)()), part
+
+
 def images_and_probs(sizes, classes, seed=0):
     g = torch.Generator().manual_seed(seed)
     images = [torch.randint(0, 256, (*size, 3), generator=g, dtype=torch.uint8).numpy() for size in sizes]
@@ -132,6 +188,30 @@ def test_each_product_runs_in_the_kernel(monkeypatch):
     assert len(launches) == 13 + 3 * 13
     assert launches.count(True) == 3 and launches[-1]
     assert len(softmaxes) == 1
+
+
+CALL_OPERATIONS = {"torch": (507, 15), "fused": (358, 13)}
+"""Operations a CRF call dispatches (each Triton launch one; ``bench/bench_crf.py --launches``, docs/benchmarks.md):
+to build the lattices and normalise the kernels, and per mean-field iteration, at 21 classes."""
+
+
+@pytest.mark.parametrize("kernel", ["torch", "fused"])
+def test_a_crf_call_dispatches_no_more_operations_than_counted(kernel, monkeypatch):
+    """The ceilings of the table, on a 12 x 16 photograph's corner (the counts do not depend on the size)."""
+    skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the photographs (dev requirement)")
+    image = np.ascontiguousarray(skimage_data.astronaut()[100:124:2, 200:232:2])
+    probs = torch.from_numpy(smooth_probs(image.shape[:2], 21, seed=5, cell=4)).to(DEVICE)
+    counts = []
+    for iterations in (0, 2):
+        counter = OpCounter()
+        for name in ("_product_kernel", "_simplex_kernel"):
+            monkeypatch.setattr(kernels, name, counter.launches(getattr(kernels, name)))
+        with counter:
+            dense_crf(image, probs, CrfConfig(iterations=iterations, kernel=kernel))
+        monkeypatch.undo()
+        counts.append(sum(counter.counts.values()))
+    build, per_iteration = CALL_OPERATIONS[kernel]
+    assert counts[0] <= build and (counts[1] - counts[0]) / 2 <= per_iteration, counts
 
 
 def test_the_fused_crf_matches_pydensecrf():

@@ -338,9 +338,10 @@ class CrfConfig(Section):
     iterations: int = bounded(10, ITERATIONS)
     kernel: str = choice(*CRF_KERNELS)
     """How the ``torch`` backend's mean-field runs its sparse products, the same sums either way (float32 rounding
-    apart): ``fused`` (one Triton kernel per product, the prior and the softmax in the last slice; CUDA, or the CPU
-    under ``TRITON_INTERPRET=1``), ``torch`` (PyTorch's sparse CSR products, any device) or ``auto`` (fused on CUDA
-    when triton is installed, torch elsewhere). docs/reference.md, the bullets after the table."""
+    apart): ``fused`` (one Triton kernel per product, the prior and the softmax in the slices, and one for each
+    lattice's simplices; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``torch`` (PyTorch's sparse CSR products and
+    operations, any device) or ``auto`` (fused on CUDA when triton is installed, torch elsewhere). docs/reference.md,
+    the bullets after the table."""
     reference_padding: bool = True
     """``torch`` backend: add the lattice points pydensecrf's SSE build adds when an image's pixel count is not a
     multiple of 4 (padding points at feature 0, whose simplex joins the lattice and relays the blur), so the

@@ -291,7 +291,7 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
     for features, compat in ((features_g, cfg.gaussian_compat), (features_b, cfg.bilateral_compat)):
         if compat == 0:
             continue
-        lattice = build_lattice(torch.cat(features), sizes, dtype, reference_padding=cfg.reference_padding)
+        lattice = build_lattice(torch.cat(features), sizes, dtype, cfg.reference_padding, fused)
         ones = torch.ones(unary.shape[0], 1, dtype=dtype, device=device)
         if fused:
             filtered = lattice.filter_fused(ones, torch.empty_like(ones), workspace_for([lattice], 1, dtype, device))

@@ -1,4 +1,5 @@
-"""The dense CRF's sparse products (:mod:`wsss.inference.crf.permutohedral`) as one Triton kernel.
+"""The dense CRF's sparse products and its lattice's simplices (:mod:`wsss.inference.crf.permutohedral`) as Triton
+kernels.
 
 A mean-field iteration filters the marginals through each lattice: a splat (lattice points <- pixels, CSR rows of any
 length), one blur per lattice direction (three entries per row) and a slice (pixels <- their d+1 vertices), each a
@@ -7,12 +8,17 @@ allocates its buffer at every call, and the mean-field adds a copy of the prior 
 them. :func:`product` is all of these in one kernel: a program holds a tile of ``BLOCK_ROWS`` rows and
 ``BLOCK_CHANNELS`` channels, walks each row's entries in their stored order (from 0, as a CSR product sums), adds
 ``base`` and, when asked, takes the softmax of each row, so one iteration of the paper's CRF is 13 launches (a splat,
-3 + 6 blurs and a slice per lattice, the last slice with the prior and the softmax) and reads each value once per
-product.
+3 + 6 blurs and a slice per lattice, the first slice adding the prior, the last taking the softmax) and reads each
+value once per product.
 
-Float32 throughout, as the PyTorch path; what differs is rounding (a fused multiply-add where a sparse library may
-round the product first, and a library's own order of a row's entries): ``tests/inference/test_crf_kernels.py`` holds
-the kernels within float32 tolerance of the PyTorch path and the whole CRF's labels equal to it.
+:func:`simplices` elevates the features and finds each point's enclosing simplex and barycentric weights, the
+construction's first steps, in one launch where PyTorch dispatches about 80 operations per lattice; it computes them
+exactly as the PyTorch functions do (the same float32 operations in the same order, no fused multiply-adds).
+
+Float32 throughout, as the PyTorch path; what differs in the products is rounding (a fused multiply-add where a
+sparse library may round the product first, and a library's own order of a row's entries):
+``tests/inference/test_crf_kernels.py`` holds the products within float32 tolerance of the PyTorch path, the simplices
+equal to it and the whole CRF's labels equal to it.
 
 Whether Triton compiles or interprets is decided when this module is first imported (``TRITON_INTERPRET=1`` before
 that runs the kernels on CPU tensors), as for :mod:`wsss.energy_kernel`.
@@ -34,6 +40,10 @@ CHANNELS = 32
 SOFTMAX_CHANNELS = 128
 """The most channels whose softmax the product takes in its own program; wider rows take it apart."""
 NUM_WARPS = 8
+SIMPLEX_TILE = 2048
+"""Points x (d+1)^2 (padded to powers of two) per program of :func:`simplices`: its rank and slot comparisons. 128
+points for the Gaussian kernel's 2-d features take 52 registers, 32 for the bilateral's 5-d 103, no spills (64 of
+them: 157; 128: spills)."""
 
 
 @triton.jit
@@ -69,6 +79,63 @@ def _product_kernel(
         e = tl.exp(acc - tl.max(acc, axis=1)[:, None])
         acc = e / tl.sum(e, axis=1)[:, None]
     tl.store(out_ptr + tile, acc, mask=tile_ok)
+
+
+@triton.jit
+def _simplex_kernel(
+    features_ptr, scale_ptr, rem0_ptr, rank_ptr, weight_ptr, n, down,
+    D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Per point: its elevated coordinates, enclosing simplex and barycentric weights, as
+    :mod:`~wsss.inference.crf.permutohedral`'s ``_elevate``, ``_enclosing_simplex`` and ``_barycentric`` compute them
+    in float32 (launched without fused multiply-adds: the same roundings).
+
+    ``features_ptr``: ``(n, D)`` float32; ``scale_ptr``: ``(D,)`` float32, column ``j - 1``'s elevation factor;
+    ``rem0_ptr``, ``rank_ptr``: ``(n, D + 1)`` int64; ``weight_ptr``: ``(n, D + 1)`` float32. ``DP``: D + 1 rounded up
+    to a power of two.
+    """
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    p_ok = p < n
+    p = p.to(tl.int64)
+    cols = tl.arange(0, DP)
+    col_ok = cols < D + 1
+    elevated = tl.zeros((BLOCK, DP), dtype=tl.float32)
+    sm = tl.zeros((BLOCK,), dtype=tl.float32)
+    for step in tl.static_range(D):  # j = D .. 1, as pydensecrf sums
+        cf = tl.load(features_ptr + p * D + (D - 1 - step), mask=p_ok, other=0.0) * tl.load(scale_ptr + D - 1 - step)
+        elevated = tl.where(cols[None, :] == D - step, (sm - cf * (D - step))[:, None], elevated)
+        sm = sm + cf
+    elevated = tl.where(cols[None, :] == 0, sm[:, None], elevated)
+    # the nearest remainder-0 point: each coordinate / (D + 1) rounded half to even (floor and the exact fraction)
+    x = elevated * down
+    floor = tl.floor(x)
+    frac = x - floor
+    odd = (floor - 2.0 * tl.floor(floor * 0.5)) != 0.0
+    v = tl.where(col_ok[None, :], tl.where((frac > 0.5) | ((frac == 0.5) & odd), floor + 1.0, floor), 0.0)
+    rem0 = v * (D + 1)
+    diff = elevated - rem0
+    # rank i: the later coordinates above it, the earlier ones at or above it
+    i = cols[None, :, None]
+    j = cols[None, None, :]
+    dj, di = diff[:, None, :], diff[:, :, None]
+    above = (((j > i) & (dj > di)) | ((j < i) & (dj >= di))) & (j < D + 1)
+    rank = tl.sum(above.to(tl.int32), axis=2) + tl.sum(v, axis=1).to(tl.int32)[:, None]
+    wrap = (rank < 0).to(tl.int32) - (rank > D).to(tl.int32)
+    rank += (D + 1) * wrap
+    rem0_int = rem0.to(tl.int32) + (D + 1) * wrap
+    # barycentric weights: slot D - rank holds the coordinate's remainder; slot p's weight is its own minus slot p-1's
+    rest = (elevated - rem0_int.to(tl.float32)) * down
+    slot = (D - rank)[:, None, :]
+    rest_j = rest[:, None, :]
+    by_slot = tl.sum(tl.where((slot == i) & (j < D + 1), rest_j, 0.0), axis=2)
+    before = tl.sum(tl.where((slot == i - 1) & (j < D + 1), rest_j, 0.0), axis=2)
+    last = tl.sum(tl.where((D - rank == D) & col_ok[None, :], rest, 0.0), axis=1)
+    weights = tl.where(cols[None, :] == 0, by_slot + (1.0 - last)[:, None], by_slot - before)
+    out = p[:, None] * (D + 1) + cols[None, :]
+    out_ok = p_ok[:, None] & col_ok[None, :]
+    tl.store(rem0_ptr + out, rem0_int.to(tl.int64), mask=out_ok)
+    tl.store(rank_ptr + out, rank.to(tl.int64), mask=out_ok)
+    tl.store(weight_ptr + out, weights, mask=out_ok)
 
 
 def is_interpreted() -> bool:
@@ -120,3 +187,32 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
                               SOFTMAX=softmax, BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels,
                               num_warps=NUM_WARPS)  # fmt: skip
     return out
+
+
+def simplices(features: Tensor, scales: Tensor, down: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(rem0, rank, weights)`` of every point (:func:`wsss.inference.crf.permutohedral.build_lattice`'s first
+    steps) in one launch.
+
+    Args:
+        features: ``(N, d)`` float32, contiguous.
+        scales: ``(d,)`` float32 elevation factors, on the features' device.
+        down: ``1 / (d + 1)`` in float32.
+
+    Returns:
+        ``(N, d + 1)`` int64 remainder-0 points and ranks, ``(N, d + 1)`` float32 barycentric weights.
+    """
+    if features.device != scales.device:
+        raise ValueError(f"the CRF kernel needs its inputs on one device, got {features.device}, {scales.device}")
+    if features.device.type != "cuda" and not is_interpreted():
+        raise RuntimeError("the CRF kernel on a CPU tensor needs Triton's interpreter: set TRITON_INTERPRET=1 before "
+                           "wsss.inference.crf.kernels is imported, or infer.crf.kernel='torch'")  # fmt: skip
+    n, d = features.shape
+    rem0 = torch.empty(n, d + 1, dtype=torch.long, device=features.device)
+    rank, weights = torch.empty_like(rem0), torch.empty(n, d + 1, dtype=torch.float32, device=features.device)
+    if n:
+        padded = triton.next_power_of_2(d + 1)
+        block = max(1, SIMPLEX_TILE // padded**2)
+        _simplex_kernel[(triton.cdiv(n, block),)](features.contiguous(), scales, rem0, rank, weights, n, down, D=d,
+                                                  DP=padded, BLOCK=block, num_warps=NUM_WARPS,
+                                                  enable_fp_fusion=False)  # fmt: skip
+    return rem0, rank, weights

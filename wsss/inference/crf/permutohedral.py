@@ -116,6 +116,7 @@ def build_lattice(
     sizes: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float32,
     reference_padding: bool = False,
+    fused: bool = False,
 ) -> Lattice:
     """The lattice of ``features``, one separate lattice per image when ``sizes`` gives more than one.
 
@@ -131,6 +132,9 @@ def build_lattice(
             of four, and pads the last group of an image whose N is not a multiple of 4 with points at feature 0.
             They splat nothing and are never sliced, but their simplex's vertices join the lattice and relay the
             blur between the real vertices around them (marginals move by up to 8e-3 on random colours).
+        fused: Elevate the features and find their simplices and weights in one Triton kernel
+            (:func:`wsss.inference.crf.kernels.simplices`, the same float32 roundings) instead of about 80 PyTorch
+            operations.
 
     Returns:
         The :class:`Lattice`, on the device of ``features``.
@@ -150,9 +154,13 @@ def build_lattice(
         ends = to_device(torch.tensor(sizes).cumsum(0), device)
         segments = torch.searchsorted(ends, torch.arange(n, device=device), right=True)
         segments = torch.cat([segments, to_device(torch.tensor(padded, dtype=torch.long), device)])
-    elevated = _elevate(features)
-    rem0, rank = _enclosing_simplex(elevated)
-    weights = _barycentric(elevated, rem0, rank)
+    if fused:
+        scales = to_device(torch.tensor(_elevation_scales(d), dtype=torch.float32), device)
+        rem0, rank, weights = kernels.simplices(features, scales, _down(d))
+    else:
+        elevated = _elevate(features)
+        rem0, rank = _enclosing_simplex(elevated)
+        weights = _barycentric(elevated, rem0, rank)
     vertex, neighbours, m, order = _index_vertices(rem0, rank, segments, len(sizes))
     # Lattice values carry one extra row 0 (pydensecrf's "-1 -> 0" shift): what a missing neighbour reads
     size = m + 1
@@ -193,15 +201,25 @@ def workspace_for(lattices: list[Lattice], columns: int, dtype: torch.dtype, dev
     return torch.zeros(2, max(lattice.points for lattice in lattices) + 1, columns, dtype=dtype, device=device)
 
 
+def _elevation_scales(d: int) -> list[float]:
+    """The float32 factor of each feature column j - 1 (j = 1..d) before its elevation, as pydensecrf's."""
+    inv_std_dev = np.float32(math.sqrt(2.0 / 3.0) * (d + 1))
+    return [float(np.float32(1.0 / math.sqrt((j + 1) * j) * float(inv_std_dev))) for j in range(1, d + 1)]
+
+
+def _down(d: int) -> float:
+    """``1 / (d + 1)`` in float32, as pydensecrf's."""
+    return float(np.float32(1.0) / np.float32(d + 1))
+
+
 def _elevate(features: Tensor) -> Tensor:
     """(N, d) -> (N, d+1) coordinates on the plane sum = 0, in float32 as pydensecrf computes them."""
     n, d = features.shape
-    inv_std_dev = np.float32(math.sqrt(2.0 / 3.0) * (d + 1))
+    scales = _elevation_scales(d)
     elevated = features.new_empty(n, d + 1)
     sm = features.new_zeros(n)
     for j in range(d, 0, -1):
-        scale = float(np.float32(1.0 / math.sqrt((j + 1) * j) * float(inv_std_dev)))
-        cf = features[:, j - 1] * scale
+        cf = features[:, j - 1] * scales[j - 1]
         elevated[:, j] = sm - cf * float(j)
         sm = sm + cf
     elevated[:, 0] = sm
@@ -211,7 +229,7 @@ def _elevate(features: Tensor) -> Tensor:
 def _enclosing_simplex(elevated: Tensor) -> tuple[Tensor, Tensor]:
     """The remainder-0 point ``rem0`` (N, d+1) int64 and the rank (N, d+1) int64 of each coordinate's remainder."""
     d = elevated.shape[1] - 1
-    down = float(np.float32(1.0) / np.float32(d + 1))
+    down = _down(d)
     v = torch.round(elevated * down)  # ties to even, as the SSE conversion in the reference
     rem0 = v * float(d + 1)
     total = v.sum(dim=1, keepdim=True)  # integers: exact in any order
@@ -233,7 +251,7 @@ def _enclosing_simplex(elevated: Tensor) -> tuple[Tensor, Tensor]:
 def _barycentric(elevated: Tensor, rem0: Tensor, rank: Tensor) -> Tensor:
     """(N, d+1) float32 weights of the simplex vertices 0..d (each row sums to 1)."""
     d = elevated.shape[1] - 1
-    down = float(np.float32(1.0) / np.float32(d + 1))
+    down = _down(d)
     v = (elevated - rem0.float()) * down
     by_slot = torch.zeros_like(v).scatter_(1, d - rank, v)  # by_slot[:, p] = v of the coordinate ranked d - p
     weights = torch.empty_like(v)
