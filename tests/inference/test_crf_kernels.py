@@ -83,6 +83,8 @@ def test_the_kernel_refuses_what_it_cannot_read():
     values, out = torch.randn(8, 3, device=DEVICE), torch.empty(10, 3, device=DEVICE)
     with pytest.raises(ValueError, match=r"on one device, got .*meta"):
         kernels.product(matrix, values, out.to("meta"))
+    with pytest.raises(ValueError, match=r"on one device, got .*meta"):
+        kernels.simplices(torch.rand(4, 2, device=DEVICE), torch.ones(2, device="meta"), 1 / 3)
     with pytest.raises(ValueError, match="at most 128 channels, got 129"):
         kernels.product(matrix, torch.randn(8, 129, device=DEVICE), torch.empty(10, 129, device=DEVICE), softmax=True)
     with pytest.raises(ValueError, match=r"cannot take \(10, 8\) @ \(7, 3\) into \(10, 3\)"):

@@ -129,7 +129,7 @@ def _simplex_kernel(
     rest_j = rest[:, None, :]
     by_slot = tl.sum(tl.where((slot == i) & (j < D + 1), rest_j, 0.0), axis=2)
     before = tl.sum(tl.where((slot == i - 1) & (j < D + 1), rest_j, 0.0), axis=2)
-    last = tl.sum(tl.where((D - rank == D) & col_ok[None, :], rest, 0.0), axis=1)
+    last = tl.sum(tl.where((rank == 0) & col_ok[None, :], rest, 0.0), axis=1)  # slot D's
     weights = tl.where(cols[None, :] == 0, by_slot + (1.0 - last)[:, None], by_slot - before)
     out = p[:, None] * (D + 1) + cols[None, :]
     out_ok = p_ok[:, None] & col_ok[None, :]
@@ -141,6 +141,16 @@ def _simplex_kernel(
 def is_interpreted() -> bool:
     """Whether the kernel was built for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
     return not isinstance(_product_kernel, triton.JITFunction)
+
+
+def _check(tensors: list[Tensor]) -> None:
+    """The kernels read raw pointers: every tensor on one device, a GPU unless interpreted."""
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise ValueError(f"the CRF kernel needs its inputs on one device, got {', '.join(devices)}")
+    if tensors[0].device.type != "cuda" and not is_interpreted():
+        raise RuntimeError("the CRF kernel on a CPU tensor needs Triton's interpreter: set TRITON_INTERPRET=1 before "
+                           "wsss.inference.crf.kernels is imported, or infer.crf.kernel='torch'")  # fmt: skip
 
 
 def blocks(channels: int, softmax: bool) -> tuple[int, int]:
@@ -165,12 +175,7 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
         ``out``.
     """
     tensors = [matrix, values, out] + ([] if base is None else [base])
-    devices = {str(t.device) for t in tensors}
-    if len(devices) > 1:
-        raise ValueError(f"the CRF kernel needs its inputs on one device, got {', '.join(sorted(devices))}")
-    if matrix.device.type != "cuda" and not is_interpreted():
-        raise RuntimeError("the CRF kernel on a CPU tensor needs Triton's interpreter: set TRITON_INTERPRET=1 before "
-                           "wsss.inference.crf.kernels is imported, or infer.crf.kernel='torch'")  # fmt: skip
+    _check(tensors)
     rows, channels = out.shape
     if values.shape[0] < matrix.shape[1] or values.shape[1] != channels or matrix.shape[0] != rows:
         raise ValueError(f"the CRF kernel cannot take {tuple(matrix.shape)} @ {tuple(values.shape)} into "
@@ -201,11 +206,7 @@ def simplices(features: Tensor, scales: Tensor, down: float) -> tuple[Tensor, Te
     Returns:
         ``(N, d + 1)`` int64 remainder-0 points and ranks, ``(N, d + 1)`` float32 barycentric weights.
     """
-    if features.device != scales.device:
-        raise ValueError(f"the CRF kernel needs its inputs on one device, got {features.device}, {scales.device}")
-    if features.device.type != "cuda" and not is_interpreted():
-        raise RuntimeError("the CRF kernel on a CPU tensor needs Triton's interpreter: set TRITON_INTERPRET=1 before "
-                           "wsss.inference.crf.kernels is imported, or infer.crf.kernel='torch'")  # fmt: skip
+    _check([features, scales])
     n, d = features.shape
     rem0 = torch.empty(n, d + 1, dtype=torch.long, device=features.device)
     rank, weights = torch.empty_like(rem0), torch.empty(n, d + 1, dtype=torch.float32, device=features.device)
