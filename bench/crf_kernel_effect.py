@@ -1,7 +1,7 @@
 """What ``infer.crf.kernel`` changes: the torch CRF's Triton kernels against PyTorch's sparse products, and both
-against pydensecrf, on photographs (docs/reference.md row 19).
+against pydensecrf, on photographs (docs/reference.md, the bullets after the table).
 
-    python bench/crf_kernel_effect.py [--size 48 64] [--classes 21 81]
+    python bench/crf_kernel_effect.py [--size 48 64] [--classes 21 81] [--photos 5]
 
 bench/bench_crf.py's photographs (astronaut, chelsea, coffee, rocket, motorcycle) resized to ``--size`` with its
 model-like probabilities, the default CRF constants (10 iterations). On a GPU both torch paths run there; on a CPU the
