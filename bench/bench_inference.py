@@ -45,6 +45,7 @@ Usage::
     python bench/bench_inference.py --nproc 1 2 --num 16 --modes single ms+flip
     python bench/bench_inference.py --case coco --num 8 --rows loop
     python bench/bench_inference.py --rows "loop alone" --write-threads 0 2 --num 48 --repeats 3
+    python bench/bench_inference.py --rows "loop alone" --modes single --outputs gallery --num 48
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ from wsss.utils.fileio import save_image
 CASES = {"voc": ((500, 375), ["configs/voc_centered.py", "configs/toy_centered.py"]),
          "coco": ((640, 480), ["configs/coco_centered.py"])}
 ROWS = ("loop", "loop alone", "model alone")
+OUTPUTS = ("overlay", "cams", "logits", "gallery")
 COCO_CLASSES = 81
 MODES = {
     "single": dict(scales=(1.0,), flip=False, crf=False),
@@ -107,6 +109,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--mask-classes", choices=("present", "all"), help="infer.mask_classes (default: the config's)")
+    parser.add_argument("--outputs", nargs="+", default=[], choices=OUTPUTS,
+                        help="more outputs per image, as tools/infer.py's flags (the gallery: --gallery)")
     parser.add_argument("--write-threads", type=int, nargs="+", default=[InferenceOptions.write_threads],
                         help="the loop rows at each count of writing threads (tools/infer.py --write-threads)")
     parser.add_argument("--nproc", type=int, nargs="+", help="time tools/infer.py under torchrun at these rank counts")
@@ -208,7 +212,7 @@ def time_loop(
             infer = {"infer.mask_classes": args.mask_classes} if args.mask_classes else {}
             opts = InferenceOptions(**MODES[mode], batch_size=args.batch_size, overwrite=True,
                                     crf_workers=args.crf_workers, write_threads=write_threads, progress=False,
-                                    cfg_options=infer)  # fmt: skip
+                                    cfg_options=infer, **dict.fromkeys(args.outputs, True))  # fmt: skip
             summary = run_inference(ckpt, images, out, options=opts, device=args.device)
             assert summary.done == args.num and not summary.skipped, summary.format()
             if summary.seconds < best:

@@ -42,7 +42,10 @@ def test_every_banded_output_equals_the_whole_image(band_pixels):
         np.testing.assert_array_equal(every[i], full(seg)[i].argmax(0).numpy())
         np.testing.assert_allclose(pred.probabilities(i, keep), full(seg)[i, index].softmax(0).numpy(), atol=1e-6)
         chosen = torch.tensor([False, True, True, False])
-        bands = list(pred.cams(i, chosen))
+        copied = torch.tensor([[True, True, True, False], [False, True, True, True]])  # a superset of chosen
+        bands = list(pred.host_cams(copied)[i].bands(chosen))
+        with pytest.raises(ValueError, match=r"CAMs of classes \[0\] were not copied"):
+            pred.host_cams(copied)[1].select(torch.tensor([True, True, False, False]))
         assert [start for start, _ in bands] == [start for start, _ in row_bands(*SIZE, band_pixels)]
         np.testing.assert_allclose(torch.cat([b for _, b in bands], dim=-2), full(cam)[i, chosen], atol=1e-6)
 

@@ -106,6 +106,16 @@ def test_the_folder_loop_waits_for_the_device_twice_per_batch(toy_checkpoint, tm
 
 @pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
                     "real GPU does not keep")  # fmt: skip
+@pytest.mark.parametrize("pictures", ["cams", "gallery"])
+def test_the_cam_pictures_wait_for_the_device_once_per_batch(toy_checkpoint, tmp_path, pictures):
+    """The full-size CAM pictures (``--cams``) and the gallery's CAM thumbnails are made from the batch's CAMs,
+    copied to the host in one piece."""
+    per_batch, more_for_four = syncs_per_batch(*toy_checkpoint, tmp_path, {pictures: True})
+    assert (per_batch, more_for_four) == (LOOP_SYNCS_PER_BATCH + 1, 0)
+
+
+@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
+                    "real GPU does not keep")  # fmt: skip
 def test_the_crf_waits_for_the_device_per_batch_not_per_image(toy_checkpoint, tmp_path, monkeypatch):
     """The sparse matrices cannot exist on the emulated device: their parts stand in, and the filter returns what it
     is given (a product reads nothing back on a GPU either); the lattices are built as on a GPU."""
@@ -144,7 +154,8 @@ def test_the_evaluator_counts_on_cuda_as_on_the_cpu():
 
 def test_a_downscaled_image_brought_back_in_bands_equals_the_cpu(toy_checkpoint):
     """max_size below the image size: the model input made from uint8 bands, and the mask, the CRF's probabilities
-    and the CAMs brought back to full size a band of rows at a time (BandResize on the device), as on the CPU."""
+    and the CAMs brought back to full size a band of rows at a time (BandResize, the CAMs' on the host), as on the
+    CPU."""
     root, ckpt = toy_checkpoint
     raw = read_image(root / "JPEGImages" / "val_00001.jpg")
     max_size = max(raw.shape[:2]) // 3
@@ -159,11 +170,11 @@ def test_a_downscaled_image_brought_back_in_bands_equals_the_cpu(toy_checkpoint)
         pred = segmenter.run_batch([raw], SCALES, True, max_size, cams=True)
         assert pred.out.seg.device.type == "cuda" and pred.out.seg.shape[-2:] != raw.shape[:2]
         probs = pred.probabilities(0, keep)
-        cams = [(start, band.cpu()) for start, band in pred.cams(0, present)]
+        cams = list(pred.host_cams(present[None])[0].bands(present))
     assert on_cuda.mask.shape == raw.shape[:2]
     np.testing.assert_array_equal(on_cuda.mask, expected.masks(keep[None])[0])
     np.testing.assert_allclose(probs, expected.probabilities(0, keep), atol=1e-5)
-    want = list(expected.cams(0, present))
+    want = list(expected.host_cams(present[None])[0].bands(present))
     assert len(cams) == len(want) > 1 and [s for s, _ in cams] == [s for s, _ in want]
     for (_, got), (_, band) in zip(cams, want, strict=True):
         np.testing.assert_allclose(got.numpy(), band.numpy(), atol=1e-5)

@@ -180,14 +180,46 @@ def as_rgb(image: Any) -> np.ndarray:
 
 
 @dataclass
+class ImageCams:
+    """One image's CAMs of some foreground classes on the host, at the resolution the model saw, and what brings them
+    to the image's size a band at a time (:meth:`BatchOutputs.host_cams`): its pictures are made from them on any
+    thread, without the device.
+
+    Attributes:
+        cam: (K, h, w) float32 CPU tensor: the CAMs of the classes ``classes`` selects, in class order.
+        classes: (C-1,) bool, K of them True.
+        resize: A CPU :class:`~wsss.inference.resize.BandResize` from (h, w) to the image's size.
+        rows: ``(start, stop)`` of the bands of output rows.
+    """
+
+    cam: Tensor
+    classes: Tensor
+    resize: BandResize
+    rows: list[tuple[int, int]]
+
+    def select(self, chosen: Tensor) -> Tensor:
+        """(K', h, w): the CAMs of the classes ``chosen`` (a (C-1,) bool within :attr:`classes`)."""
+        if (chosen & ~self.classes).any():
+            raise ValueError(f"CAMs of classes {(chosen & ~self.classes).nonzero()[:, 0].tolist()} were not copied")
+        return self.cam[chosen[self.classes]]
+
+    def bands(self, chosen: Tensor) -> Iterator[tuple[int, Tensor]]:
+        """Bands ``(start, (K', rows, W))`` of the full-size CAMs of the classes ``chosen``."""
+        cams = self.select(chosen)
+        for start, stop in self.rows:
+            yield start, self.resize.band(cams, start, stop)
+
+
+@dataclass
 class BatchOutputs:
     """TTA outputs of same-size images at the resolution the model saw (:meth:`Segmenter.run_batch`), with what
     brings them to the images' own size a band at a time: the torch-level building block of
     :meth:`Segmenter.predict` and of the folder runner.
 
     The host waits for the device twice per batch, whatever its size: for the classifier's logits
-    (:attr:`cls_logits`, from which the host decides each image's classes) and for the masks (:meth:`masks`), or once
-    per image for the CRF's labels. Class selections given to the methods are host tensors.
+    (:attr:`cls_logits`, from which the host decides each image's classes) and for the masks (:meth:`masks`), and
+    once more for the CAMs (:meth:`host_cams`) when they are asked for. Class selections given to the methods are
+    host tensors.
 
     Attributes:
         out: ``seg`` (B, C, h, w) logits, ``cls_logits`` (B, C-1), ``cam`` (B, C-1, h, w) or None.
@@ -235,14 +267,18 @@ class BatchOutputs:
             probs[:, start:stop] = band.cpu().numpy()
         return probs
 
-    def cams(self, i: int, classes: Tensor) -> Iterator[tuple[int, Tensor]]:
-        """Bands ``(start, (K, rows, W))`` of the full-size CAMs of image ``i``'s foreground classes ``classes``
-        (a (C-1,) bool)."""
+    def host_cams(self, classes: Tensor) -> list[ImageCams]:
+        """Each image's CAMs of the foreground classes its row of ``classes`` ((B, C-1) bool) selects, on the host
+        (:class:`ImageCams`): the batch's copied in one piece."""
         if self.out.cam is None:
             raise ValueError("the CAMs were not computed: call Segmenter.run_batch with cams=True")
-        cams = self.out.cam[i].index_select(0, to_device(classes.nonzero()[:, 0], self.out.cam.device))
-        for start, stop in self.bands():
-            yield start, self.resize.band(cams, start, stop)
+        cam = self.out.cam
+        which = classes.flatten().nonzero()[:, 0]  # image i's class k is row i (C-1) + k of the flattened CAMs
+        copied = cam.flatten(0, 1).index_select(0, to_device(which, cam.device)).float().cpu()
+        resize = self.resize if cam.device.type == "cpu" else BandResize(cam.shape[-2:], self.size, copied.device)
+        rows = list(self.bands())
+        parts = copied.split(classes.sum(dim=1).tolist())
+        return [ImageCams(part, chosen, resize, rows) for part, chosen in zip(parts, classes, strict=True)]
 
     def small_logits(self, factor: int) -> np.ndarray:
         """(B, C, ceil(H/factor), ceil(W/factor)) float16 logits (bilinear, antialiased when shrinking), copied to
@@ -317,8 +353,13 @@ class Segmenter:
         the background and the present classes (top-1 rule), or every class."""
         if self.cfg.mask_classes == "all":
             return cls_logits.new_ones((*cls_logits.shape[:-1], cls_logits.shape[-1] + 1), dtype=torch.bool)
-        present, _ = predicted_classes(cls_logits, self.cfg.cls_thresh)
-        return torch.cat([present.new_ones((*present.shape[:-1], 1)), present], dim=-1)
+        found = self.found_classes(cls_logits)
+        return torch.cat([found.new_ones((*found.shape[:-1], 1)), found], dim=-1)
+
+    def found_classes(self, cls_logits: Tensor) -> Tensor:
+        """(..., C-1) classifier logits -> (..., C-1) bool: the foreground classes the classifier finds
+        (``infer.cls_thresh``, or its top-1 when none passes); an image's ``present`` classes are among them."""
+        return predicted_classes(cls_logits, self.cfg.cls_thresh)[0]
 
     def present_classes(self, cls_logits: Tensor, mask: np.ndarray) -> tuple[Tensor, bool]:
         """The ``present`` classes of an image: (C-1,) bool, the classes the classifier finds (``infer.cls_thresh``,
@@ -432,8 +473,10 @@ class Segmenter:
             batch = self.run_batch(pending, scales, flip, max_size, cams)
             keep = self.mask_classes(batch.cls_logits)
             masks = None if crf else batch.masks(keep)
+            cam_maps = batch.host_cams(self.found_classes(batch.cls_logits)) if cams else [None] * len(pending)
             for i, raw in enumerate(pending):
-                results.append(self._result(batch, i, raw, keep[i], None if masks is None else masks[i]))
+                mask = None if masks is None else masks[i]
+                results.append(self._result(batch, i, raw, keep[i], mask, cam_maps[i]))
             pending.clear()
 
         for image in images:
@@ -448,10 +491,11 @@ class Segmenter:
     __call__ = predict
 
     def _result(
-        self, batch: BatchOutputs, i: int, raw: np.ndarray, keep: Tensor, mask: np.ndarray | None
-    ) -> Segmentation:
+        self, batch: BatchOutputs, i: int, raw: np.ndarray, keep: Tensor, mask: np.ndarray | None,
+        cams: ImageCams | None,
+    ) -> Segmentation:  # fmt: skip
         """The :class:`Segmentation` of image ``i`` of ``batch``, whose pixels are ``raw``: its ``mask`` given, or
-        None for the dense CRF's over the classes ``keep`` allows."""
+        None for the dense CRF's over the classes ``keep`` allows; with its ``cams``, when asked for."""
         cls_logits = batch.cls_logits[i]
         if mask is None:
             probs = batch.probabilities(i, keep, on_device=self.cfg.crf.backend == "torch")
@@ -462,11 +506,11 @@ class Segmenter:
         ids = present.nonzero()[:, 0].numpy().astype(np.int64) + 1
         names = [self.classes[k] for k in ids.tolist()]
         cam_maps = None
-        if batch.out.cam is not None:
+        if cams is not None:
             cam_maps = {name: np.empty(batch.size, np.float32) for name in names}
-            for start, band in batch.cams(i, present):
+            for start, band in cams.bands(present):
                 for name, plane in zip(names, band, strict=True):
-                    cam_maps[name][start : start + plane.shape[0]] = plane.cpu().numpy()
+                    cam_maps[name][start : start + plane.shape[0]] = plane.numpy()
         return Segmentation(
             mask=mask,
             scores=cls_logits.sigmoid().numpy(),

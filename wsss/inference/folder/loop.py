@@ -11,11 +11,12 @@ and thumbnail, then its overlay and last its mask. With the dense CRF (:class:`C
 are submitted together as soon as their probabilities exist: the ``torch`` backend runs them in one call on the
 model's device (the probabilities never leave it); the ``pydensecrf`` backend queues them to its worker processes and
 an image's files are written when its job finishes, so the model loop does not wait for the CRF (a queued image
-keeps its batch's model outputs, at the model's resolution, until then).
+keeps only host data until then: its pixels, probabilities, classifier logits and the CAMs it shows).
 
 The files are encoded and written by :class:`FileWriters`' threads, in the order above within each image, while the
-main thread goes on with the next batch (PNG encoding and fsync release the GIL): what reads the device (the CAM
-pictures) is done before an image's files are queued. A write that fails (a full disk) stops the writers: no image
+main thread goes on with the next batch (PNG encoding and fsync release the GIL); they make the CAM pictures too, from
+the batch's CAMs copied to the host once (:meth:`~wsss.inference.predictor.BatchOutputs.host_cams`), so the main
+thread reads nothing of the device per image. A write that fails (a full disk) stops the writers: no image
 queued after it starts, the images being written beside it (``write_threads`` - 1 at most) finish.
 """
 
@@ -55,10 +56,9 @@ from wsss.inference.folder.visualize import (
     mask_overlay,
     thumbnail,
 )
-from wsss.inference.predictor import BatchOutputs, Segmenter
+from wsss.inference.predictor import ImageCams, Segmenter
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_image, save_mask
 from wsss.utils.lifetime import die_with_parent
-from wsss.utils.tensors import to_device
 
 THUMB_SIZE = 256
 
@@ -283,15 +283,17 @@ class InferenceLoop:
         keep = segmenter.mask_classes(pred.cls_logits)  # each image's classes, decided on the host
         masks = pred.masks(keep) if self.crf is None else None
         logits = pred.small_logits(setup.logits_stride) if any("logits" in paths for _, paths, _ in batch) else None
+        # the CAMs of the classes the classifier finds: an image's present classes are among them
+        cams = pred.host_cams(segmenter.found_classes(pred.cls_logits)) if setup.cams else [None] * len(batch)
         jobs = []
         for i, (src, paths, raw) in enumerate(batch):
             small = None if logits is None else logits[i]
             if masks is None:
                 index = keep[i].nonzero()[:, 0].to(torch.uint8).numpy()
                 probs = pred.probabilities(i, keep[i], self.crf.on_device)
-                jobs.append(((pred, i, src, paths, raw, small, index), raw, probs))
+                jobs.append(((pred.cls_logits[i], src, paths, raw, small, cams[i], index), raw, probs))
             else:
-                self._finish(pred, i, src, paths, raw, small, masks[i])
+                self._finish(pred.cls_logits[i], src, paths, raw, small, cams[i], masks[i])
         if jobs:
             self.crf.submit(jobs)
         self._collect(block=False)
@@ -301,25 +303,26 @@ class InferenceLoop:
         """Write the files of the images whose CRF jobs finished (see :meth:`CrfJobs.ready`)."""
         if self.crf is None:
             return
-        for (pred, i, src, paths, raw, small, index), labels in self.crf.ready(block):
+        for (cls_logits, src, paths, raw, small, cams, index), labels in self.crf.ready(block):
             if isinstance(labels, Exception):
                 self._skip(src, f"dense CRF failed ({type(labels).__name__}: {labels})")
             else:  # the CRF's labels index the classes it got
-                self._finish(pred, i, src, paths, raw, small, index[labels])
+                self._finish(cls_logits, src, paths, raw, small, cams, index[labels])
 
     def _finish(
         self,
-        pred: BatchOutputs,
-        i: int,
+        cls_logits: Tensor,
         src: Source,
         paths: dict[str, Path],
         raw: np.ndarray,
         small: np.ndarray | None,
+        cams: ImageCams | None,
         mask: np.ndarray,
     ) -> None:
-        """Queue the writes of image ``i`` of ``pred``: its ``small`` logits (when asked for), the files that follow
-        its ``mask``, and last the mask; the pictures that read the device are made here."""
-        segmenter, cls_logits = self.setup.segmenter, pred.cls_logits[i]
+        """Queue the writes of the image ``src``: its ``small`` logits (when asked for), the files that follow from
+        its classifier's ``cls_logits`` (C-1,) and its ``mask`` (the CAM pictures from its host ``cams``), and last
+        the mask."""
+        segmenter = self.setup.segmenter
         names = segmenter.classes[1:]
         present, top1 = segmenter.present_classes(cls_logits, mask)
         entry = {
@@ -330,38 +333,43 @@ class InferenceLoop:
         }
         writes = [functools.partial(save_output, paths["logits"], _save_npy, small)] if "logits" in paths else []
         writes.append(functools.partial(save_output, paths["labels"], atomic_write_text, json.dumps(entry) + "\n"))
-        if "cams" in paths:
-            picture = _cam_picture(pred, i, present, raw, segmenter.classes)
-            writes.append(functools.partial(save_output, paths["cams"], save_image, picture))
+        if "cams" in paths:  # the pictures are made on a writer's thread
+            writes.append(functools.partial(_write_cam_picture, paths["cams"], cams, present, cls_logits, raw,
+                                            segmenter.classes))  # fmt: skip
         if "thumbs" in paths:  # the thumbnail last: it marks the image's CAM thumbnails complete
-            thumb = thumbnail(raw, THUMB_SIZE)
-            shown = present.nonzero()[:, 0]
-            pictures = cam_thumbnails(thumb, pred.out.cam[i].index_select(0, to_device(shown, pred.out.cam.device)))
-            indices = (shown + 1).tolist()
-            writes.append(functools.partial(write_class_cams, self.setup.output, src.rel, pictures, indices))
-            writes.append(functools.partial(save_output, paths["thumbs"], save_image, thumb))
+            writes.append(functools.partial(_write_thumbnails, self.setup.output, src.rel, paths["thumbs"], cams,
+                                            present, raw))  # fmt: skip
         if "overlays" in paths:
             writes.append(lambda: save_output(paths["overlays"], save_image, mask_overlay(raw, mask)))
         writes.append(functools.partial(save_output, paths["masks"], save_mask, mask, self.palette))
         self.writers.submit(src.rel, writes)
 
 
-def _cam_picture(pred: BatchOutputs, i: int, present: Tensor, raw: np.ndarray, classes: list[str]) -> np.ndarray:
-    """The full-size CAM picture of image ``i``: the heatmap of the max over the ``present`` classes' CAMs blended
-    over ``raw`` (a band of rows at a time), under a band naming those classes with their scores and showing the
-    colour scale, each class named at its CAM's peak (:func:`~wsss.inference.folder.visualize.cam_legend`)."""
+def _write_cam_picture(path: Path, cams: ImageCams, present: Tensor, cls_logits: Tensor, raw: np.ndarray,
+                       classes: list[str]) -> None:  # fmt: skip
+    """Write ``path``: the full-size CAM picture of the image ``raw``, the heatmap of the max over the ``present``
+    classes' CAMs blended over it (a band of rows at a time), under a band naming those classes with their scores
+    (``cls_logits``) and showing the colour scale, each class named at its CAM's peak
+    (:func:`~wsss.inference.folder.visualize.cam_legend`)."""
     shown = present.nonzero()[:, 0].tolist()
     height, width = raw.shape[:2]
-    cams = pred.out.cam[i].index_select(0, to_device(present.nonzero()[:, 0], pred.out.cam.device))
-    peaks = cam_peaks(cams, (height, width))
-    scores = pred.cls_logits[i].sigmoid()[present].tolist()
+    peaks = cam_peaks(cams.select(present), (height, width))
+    scores = cls_logits.sigmoid()[present].tolist()
     legend = cam_legend(width, [classes[k + 1] for k in shown], scores, peaks, [k + 1 for k in shown])
     out = np.empty((legend.height + height, width, 3), np.uint8)
-    for start, band in pred.cams(i, present):
+    for start, band in cams.bands(present):
         rows = slice(legend.height + start, legend.height + start + band.shape[-2])
-        out[rows] = cam_overlay(raw[start : start + band.shape[-2]], band.cpu().numpy())
+        out[rows] = cam_overlay(raw[start : start + band.shape[-2]], band.numpy())
     draw_cam_legend(out, legend)
-    return out
+    save_output(path, save_image, out)
+
+
+def _write_thumbnails(output: Path, rel: str, path: Path, cams: ImageCams, present: Tensor, raw: np.ndarray) -> None:
+    """Write the thumbnail of input ``rel`` (its pixels ``raw``) at ``path`` and, first, the ``present`` classes'
+    CAMs over it (:func:`~wsss.inference.folder.gallery.write_class_cams`): the thumbnail marks them complete."""
+    thumb = thumbnail(raw, THUMB_SIZE)
+    write_class_cams(output, rel, cam_thumbnails(thumb, cams.select(present)), (present.nonzero()[:, 0] + 1).tolist())
+    save_output(path, save_image, thumb)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
