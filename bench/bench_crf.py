@@ -198,7 +198,7 @@ def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iteratio
     from wsss.utils.op_count import OpCounter
 
     counts = []
-    names = ("_product_kernel", "_simplex_kernel")
+    names = kernels.LAUNCHED
     originals = [getattr(kernels, name) for name in names]
     for n in (0, iterations):
         counter = OpCounter()

@@ -48,6 +48,8 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], int]]:
                "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
     crf = [dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(classes, softmax), strict=True)) | {"SOFTMAX": softmax}
            for classes, softmax in ((21, False), (81, True))]  # fmt: skip
+    blur = {"neighbour_ptr": "*i32", "second": "i32", "x_ptr": "*fp32", "out_ptr": "*fp32", "rows": "i32",
+            "channels": "i32", "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
     simplex = {"features_ptr": "*fp32", "scale_ptr": "*fp32", "rem0_ptr": "*i64", "rank_ptr": "*i64",
                "weight_ptr": "*fp32", "n": "i32", "down": "fp32", "D": "constexpr", "DP": "constexpr",
                "BLOCK": "constexpr"}  # fmt: skip
@@ -62,6 +64,8 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], int]]:
          {"K": 48, "BLOCK": p.BLOCK, "BLOCK_CHANNELS": p.BLOCK_CHANNELS}, p.NUM_WARPS),
         *[("CRF product (wsss.inference.crf.kernels)", c._product_kernel, product, {"HAS_BASE": True, **blocks},
            c.NUM_WARPS) for blocks in crf],
+        ("CRF blur (wsss.inference.crf.kernels)", c._blur_kernel, blur,
+         dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(21, False), strict=True)), c.NUM_WARPS),
         *[("CRF simplices (wsss.inference.crf.kernels)", c._simplex_kernel, simplex, constants, c.NUM_WARPS)
           for constants in dims],
     ]  # fmt: skip

@@ -132,14 +132,69 @@ def test_the_simplices_are_pytorchs_exactly(features):
         assert a.dtype == b.dtype and torch.equal(a.cpu(), b)
 
 
-def test_the_fused_lattice_is_the_pytorch_one():
-    """Two images of one lattice with pydensecrf's padding points: every index and weight the same."""
-    features = torch.cat([pixel_features(9, 11, 121.0, 5.0), pixel_features(7, 6, 121.0, 5.0, seed=3)]).to(DEVICE)
+def blur_matrix(neighbours: torch.Tensor) -> torch.Tensor:
+    """The dense (M+1, M+1) blur ``I + (P_-1 + P_+1) / 2`` of one direction's (2, M) neighbours + 1 (0: absent, the
+    zero row 0, which reads nothing)."""
+    m = neighbours.shape[1]
+    dense = torch.zeros(m + 1, m + 1, dtype=torch.float64)
+    rows = torch.arange(1, m + 1)
+    dense[rows, rows] = 1.0
+    for side in neighbours.long().cpu():
+        dense.index_put_((rows, side), torch.full((m,), 0.5, dtype=torch.float64), accumulate=True)
+    return dense
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "bilateral"])
+def test_the_fused_lattice_is_the_pytorch_one(kind):
+    """Two images of one lattice with pydensecrf's padding points: every index and weight of the splat and the slice
+    the same, and each direction's neighbours the blur matrix of the PyTorch lattice."""
+    colour = None if kind == "gaussian" else 5.0
+    features = torch.cat([pixel_features(9, 11, 3.0, colour), pixel_features(7, 6, 3.0, colour, seed=3)]).to(DEVICE)
     built = [permutohedral.build_lattice(features, [99, 42], reference_padding=True, fused=fused) for fused in (0, 1)]
-    assert built[0].points == built[1].points
-    for a, b in zip(*[[m for m in (b.splat, b.slice, *b.blur)] for b in built], strict=True):
+    assert built[0].points == built[1].points and built[1].blur == [] and built[0].neighbours is None
+    for a, b in zip(*[[m for m in (b.splat, b.slice)] for b in built], strict=True):
         for part in ("crow_indices", "col_indices", "values"):
             assert torch.equal(getattr(a, part)(), getattr(b, part)()), part
+    d = features.shape[1]
+    assert built[1].neighbours.shape == (d + 1, 2, built[1].points)
+    for matrix, neighbours in zip(built[0].blur, built[1].neighbours, strict=True):
+        assert torch.equal(matrix.to_dense().cpu().double(), blur_matrix(neighbours))
+
+
+@pytest.mark.parametrize("channels", [1, 21, 40])
+def test_the_blur_kernel_is_the_blur_matrixs_product(channels):
+    """Each direction of a two-image lattice: the blur read from the neighbours equals the product kernel with the
+    PyTorch path's blur matrix (the same sums in the same order: exactly, in the interpreter), and the dense float64
+    product within float32 rounding; row 0 stays 0."""
+    features = torch.cat([pixel_features(9, 11, 3.0, 5.0), pixel_features(7, 6, 3.0, 5.0, seed=3)]).to(DEVICE)
+    built = [permutohedral.build_lattice(features, [99, 42], reference_padding=True, fused=fused) for fused in (0, 1)]
+    g = torch.Generator().manual_seed(channels)
+    values = torch.rand(built[0].points + 1, channels, generator=g).to(DEVICE)
+    values[0] = 0.0
+    for matrix, neighbours in zip(built[0].blur, built[1].neighbours, strict=True):
+        got = kernels.blur(neighbours, values, torch.full_like(values, float("nan")))
+        want = kernels.product(matrix, values, torch.empty_like(values))
+        if kernels.is_interpreted():
+            assert torch.equal(got, want)
+        torch.testing.assert_close(got.double().cpu(), blur_matrix(neighbours) @ values.double().cpu(), rtol=1e-6,
+                                   atol=1e-6)  # fmt: skip
+        assert not got[0].any()
+
+
+def test_the_blur_kernel_refuses_what_it_cannot_read():
+    neighbours = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
+    values = torch.zeros(5, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="cannot take"):
+        kernels.blur(neighbours[:, :3], values, torch.empty_like(values))
+    with pytest.raises(ValueError, match="float32"):
+        kernels.blur(neighbours, values.double(), torch.empty_like(values))
+    lattice = permutohedral.build_lattice(pixel_features(3, 4, 1.0).to(DEVICE), fused=True)
+    with pytest.raises(RuntimeError, match="filter_fused"):
+        lattice.filter(torch.ones(12, 1, device=DEVICE))
+    plain = permutohedral.build_lattice(pixel_features(3, 4, 1.0).to(DEVICE))
+    with pytest.raises(RuntimeError, match=r"fused=True"):
+        plain.filter_fused(torch.ones(12, 1, device=DEVICE), torch.empty(12, 1, device=DEVICE),
+                           permutohedral.workspace_for([plain], 1, torch.float32, DEVICE))  # fmt: skip
 
 
 def images_and_probs(sizes, classes, seed=0):
@@ -173,26 +228,31 @@ def test_each_product_runs_in_the_kernel(monkeypatch):
     """13 launches per iteration of the paper's CRF (a splat, 3 + 6 blurs, a slice per lattice; the last slice takes
     the softmax) and 13 for the kernels' normalisation; no PyTorch sparse product, one softmax apart (the prior's)."""
     launches, softmaxes = [], []
-    product, softmax = kernels.product, crf_module._softmax
+    product, blur, softmax = kernels.product, kernels.blur, crf_module._softmax
 
     def counted(matrix, values, out, base=None, softmax=False):
-        launches.append(softmax)
+        launches.append("softmax" if softmax else "product")
         return product(matrix, values, out, base=base, softmax=softmax)
+
+    def counted_blur(neighbours, values, out):
+        launches.append("blur")
+        return blur(neighbours, values, out)
 
     def refused(*args, **kwargs):
         raise AssertionError("a PyTorch sparse product in the fused mean-field")
 
     monkeypatch.setattr(kernels, "product", counted)
+    monkeypatch.setattr(kernels, "blur", counted_blur)
     monkeypatch.setattr(crf_module, "_softmax", lambda *args: softmaxes.append(1) or softmax(*args))
     monkeypatch.setattr(permutohedral.Lattice, "filter", refused)
     images, probs = images_and_probs([(5, 6)], 21)
     dense_crf_batch(images, probs, CrfConfig(iterations=3, kernel="fused"))
-    assert len(launches) == 13 + 3 * 13
-    assert launches.count(True) == 3 and launches[-1]
+    assert len(launches) == 13 + 3 * 13 and launches.count("blur") == 4 * 9
+    assert launches.count("softmax") == 3 and launches[-1] == "softmax"
     assert len(softmaxes) == 1
 
 
-CALL_OPERATIONS = {"torch": (507, 15), "fused": (358, 13)}
+CALL_OPERATIONS = {"torch": (507, 15), "fused": (215, 13)}
 """Operations a CRF call dispatches (each Triton launch one; ``bench/bench_crf.py --launches``, docs/benchmarks.md):
 to build the lattices and normalise the kernels, and per mean-field iteration, at 21 classes."""
 
@@ -206,7 +266,7 @@ def test_a_crf_call_dispatches_no_more_operations_than_counted(kernel, monkeypat
     counts = []
     for iterations in (0, 2):
         counter = OpCounter()
-        for name in ("_product_kernel", "_simplex_kernel"):
+        for name in kernels.LAUNCHED:
             monkeypatch.setattr(kernels, name, counter.launches(getattr(kernels, name)))
         with counter:
             dense_crf(image, probs, CrfConfig(iterations=iterations, kernel=kernel))

@@ -39,12 +39,15 @@ def dense(matrix: torch.Tensor) -> torch.Tensor:
 
 
 def numbered(monkeypatch, path: str, feats: torch.Tensor, segments: torch.Tensor | None):
-    """:func:`permutohedral._index_vertices` forced through one path: ``table``, ``codes`` or ``rows``."""
+    """:func:`permutohedral._index_vertices` forced through one path: ``table``, ``codes`` or ``rows``; the
+    neighbours as each direction's (first, second)."""
     cells, bits = {"table": (10**9, 62), "codes": (0, 62), "rows": (0, 0)}[path]
     monkeypatch.setattr(permutohedral, "_DENSE_CELLS_PER_ENTRY", cells)
     monkeypatch.setattr(permutohedral, "_CODE_BITS", bits)
     rem0, rank = permutohedral._enclosing_simplex(permutohedral._elevate(feats))
-    return permutohedral._index_vertices(rem0, rank, segments, 1 if segments is None else int(segments.max()) + 1)
+    images = 1 if segments is None else int(segments.max()) + 1
+    vertex, (first, second), m, order = permutohedral._index_vertices(rem0, rank, segments, images)
+    return vertex, list(zip(first, second, strict=True)), m, order
 
 
 def neighbours_by_key(feats: torch.Tensor, segments: torch.Tensor | None, vertex: torch.Tensor, m: int) -> list:

@@ -5,11 +5,13 @@ A mean-field iteration filters the marginals through each lattice: a splat (latt
 length), one blur per lattice direction (three entries per row) and a slice (pixels <- their d+1 vertices), each a
 product of a CSR matrix with a dense (rows, C) block. On a GPU PyTorch runs each through cuSPARSE, which queries and
 allocates its buffer at every call, and the mean-field adds a copy of the prior before the slices and a softmax after
-them. :func:`product` is all of these in one kernel: a program holds a tile of ``BLOCK_ROWS`` rows and
+them. :func:`product` is the splat and the slice in one kernel: a program holds a tile of ``BLOCK_ROWS`` rows and
 ``BLOCK_CHANNELS`` channels, walks each row's entries in their stored order (from 0, as a CSR product sums), adds
-``base`` and, when asked, takes the softmax of each row, so one iteration of the paper's CRF is 13 launches (a splat,
-3 + 6 blurs and a slice per lattice, the first slice adding the prior, the last taking the softmax) and reads each
-value once per product.
+``base`` and, when asked, takes the softmax of each row. :func:`blur` is one direction's blur read from the lattice
+points' two neighbours themselves (the lattice keeps them instead of a matrix per direction: 8 bytes per point
+instead of 28, and no matrix to build), summed as the matrix's product sums. One iteration of the paper's CRF is 13
+launches (a splat, 3 + 6 blurs and a slice per lattice, the first slice adding the prior, the last taking the
+softmax), each reading each value once.
 
 :func:`simplices` elevates the features and finds each point's enclosing simplex and barycentric weights, the
 construction's first steps, in one launch where PyTorch dispatches about 80 operations per lattice; it computes them
@@ -40,6 +42,8 @@ CHANNELS = 32
 SOFTMAX_CHANNELS = 128
 """The most channels whose softmax the product takes in its own program; wider rows take it apart."""
 NUM_WARPS = 8
+LAUNCHED = ("_product_kernel", "_blur_kernel", "_simplex_kernel")
+"""This module's kernels, by name: where a count of the launches replaces them (``bench/bench_crf.py --launches``)."""
 SIMPLEX_TILE = 2048
 """Points x (d+1)^2 (padded to powers of two) per program of :func:`simplices`: its rank and slot comparisons. 128
 points for the Gaussian kernel's 2-d features take 52 registers, 32 for the bilateral's 5-d 103, no spills (64 of
@@ -79,6 +83,43 @@ def _product_kernel(
         e = tl.exp(acc - tl.max(acc, axis=1)[:, None])
         acc = e / tl.sum(e, axis=1)[:, None]
     tl.store(out_ptr + tile, acc, mask=tile_ok)
+
+
+@triton.jit
+def _blur_entry(acc, x_ptr, col, own, ok, c, c_ok, channels):
+    """``acc`` plus row ``col`` of the values times its blur weight (1 for the point's own row, else 1/2)."""
+    val = tl.where(ok, tl.where(col == own, 1.0, 0.5), 0.0)
+    x = tl.load(x_ptr + col[:, None] * channels + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
+    return acc + val[:, None] * x
+
+
+@triton.jit
+def _blur_kernel(
+    neighbour_ptr, second, x_ptr, out_ptr, rows, channels, BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
+):  # fmt: skip
+    """``out[r] = x[r] + (x[n1] + x[n2]) / 2`` for the lattice values' rows ``r >= 1``, ``n1``, ``n2`` the two
+    neighbours of point ``r - 1`` along one direction (0: absent, row 0 holds zeros); row 0 stays 0. Summed as the
+    CSR blur matrix's product sums (the columns ascending, the own weight 1 and the neighbours' 1/2).
+
+    ``neighbour_ptr``: ``(2, rows - 1)`` integers, the second row ``second`` entries after the first;
+    ``x_ptr``, ``out_ptr``: ``(rows, channels)`` float32. Grid: (row blocks, channel blocks).
+    """
+    r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    r_ok = r < rows
+    point_ok = r_ok & (r > 0)
+    c = tl.program_id(1) * BLOCK_CHANNELS + tl.arange(0, BLOCK_CHANNELS)
+    c_ok = c < channels
+    n1 = tl.load(neighbour_ptr + r - 1, mask=point_ok, other=0).to(tl.int64)
+    n2 = tl.load(neighbour_ptr + second + r - 1, mask=point_ok, other=0).to(tl.int64)
+    own = tl.where(point_ok, r, 0).to(tl.int64)
+    low, high = tl.minimum(n1, n2), tl.maximum(n1, n2)
+    first, last = tl.minimum(own, low), tl.maximum(own, high)
+    acc = tl.zeros((BLOCK_ROWS, BLOCK_CHANNELS), dtype=tl.float32)
+    acc = _blur_entry(acc, x_ptr, first, own, point_ok, c, c_ok, channels)
+    acc = _blur_entry(acc, x_ptr, own + low + high - first - last, own, point_ok, c, c_ok, channels)
+    acc = _blur_entry(acc, x_ptr, last, own, point_ok, c, c_ok, channels)
+    tile = r.to(tl.int64)[:, None] * channels + c[None, :]
+    tl.store(out_ptr + tile, acc, mask=r_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
@@ -191,6 +232,35 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
                               out if base is None else base, out, rows, channels, HAS_BASE=base is not None,
                               SOFTMAX=softmax, BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels,
                               num_warps=NUM_WARPS)  # fmt: skip
+    return out
+
+
+def blur(neighbours: Tensor, values: Tensor, out: Tensor) -> Tensor:
+    """``out`` = one direction's blur of the lattice ``values`` (``I + (P_-1 + P_+1) / 2``, as
+    :func:`wsss.inference.crf.permutohedral.build_lattice`'s CSR blur matrices) in one launch, read from the
+    neighbours themselves.
+
+    Args:
+        neighbours: ``(2, M)`` integers, each row contiguous: the first and second neighbour + 1 of each lattice
+            point (0: absent).
+        values: ``(M + 1, C)`` float32, contiguous: row 0 zeros, then the points'.
+        out: ``(M + 1, C)`` float32, contiguous, not ``values``.
+
+    Returns:
+        ``out``.
+    """
+    _check([neighbours, values, out])
+    rows, channels = out.shape
+    if neighbours.shape != (2, rows - 1) or values.shape != out.shape or neighbours.stride(1) != 1:
+        raise ValueError(f"the CRF blur kernel cannot take {tuple(neighbours.shape)} neighbours of "
+                         f"{tuple(values.shape)} values into {tuple(out.shape)}")  # fmt: skip
+    if not all(t.dtype == torch.float32 and t.is_contiguous() for t in (values, out)):
+        raise ValueError("the CRF blur kernel needs float32 values and contiguous dense blocks")
+    if rows and channels:
+        block_rows, block_channels = blocks(channels, softmax=False)
+        grid = (triton.cdiv(rows, block_rows), triton.cdiv(channels, block_channels))
+        _blur_kernel[grid](neighbours, neighbours.stride(0), values, out, rows, channels, BLOCK_ROWS=block_rows,
+                           BLOCK_CHANNELS=block_channels, num_warps=NUM_WARPS)  # fmt: skip
     return out
 
 

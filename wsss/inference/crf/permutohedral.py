@@ -64,14 +64,19 @@ class Lattice:
     Attributes:
         splat: (M, N) CSR matrix: lattice point <- point, the barycentric weights.
         slice: (N, M) CSR matrix: point <- lattice point, the barycentric weights times ``alpha``.
-        blur: d+1 (M, M) CSR matrices ``I + (P_-1 + P_+1) / 2``, one per lattice direction, applied in order.
+        blur: d+1 (M+1, M+1) CSR matrices ``I + (P_-1 + P_+1) / 2``, one per lattice direction, applied in order;
+            none where the lattice was built for the kernels (``neighbours``).
         points: M, the number of lattice points.
+        neighbours: (d+1, 2, M) integers where built for the kernels (``build_lattice(fused=True)``), else None:
+            each direction's first and second neighbour + 1 of every lattice point (0: absent), which the blur
+            kernel reads instead of a matrix.
     """
 
     splat: Tensor
     slice: Tensor
     blur: list[Tensor]
     points: int
+    neighbours: Tensor | None = None
 
     def filter(self, values: Tensor, add_to: Tensor | None = None, workspace: Tensor | None = None) -> Tensor:
         """(N, C) values of the lattice's dtype -> (N, C) Gaussian-filtered values (``Permutohedral::compute``),
@@ -81,6 +86,8 @@ class Lattice:
         (:func:`workspace_for`), reused by every call: each product writes into it in place (``addmm_``, ``beta=0``)
         instead of into a fresh tensor, whose pages the CPU would fault in at every product (a fresh 100 MB
         costs 40 ms on one core; the 81-class Gaussian filter of a 640 x 480 image took 259 ms against 79)."""
+        if self.neighbours is not None:
+            raise RuntimeError("this lattice was built for the Triton kernels (fused=True): use filter_fused")
         if workspace is None:
             workspace = workspace_for([self], values.shape[1], values.dtype, values.device)
         current, spare = workspace[0, : self.points + 1], workspace[1, : self.points + 1]
@@ -94,13 +101,16 @@ class Lattice:
 
     def filter_fused(self, values: Tensor, out: Tensor, workspace: Tensor, base: Tensor | None = None,
                      softmax: bool = False) -> Tensor:  # fmt: skip
-        """:meth:`filter` in Triton kernels (:func:`wsss.inference.crf.kernels.product`, float32, contiguous (N, C)
-        blocks): ``out = base + filter(values)``, each row replaced by its softmax with ``softmax``; ``d + 3``
+        """:meth:`filter` in Triton kernels (:func:`wsss.inference.crf.kernels.product` and
+        :func:`~wsss.inference.crf.kernels.blur`, float32, contiguous (N, C) blocks) on a lattice built for them
+        (``fused=True``): ``out = base + filter(values)``, each row replaced by its softmax with ``softmax``; ``d + 3``
         launches."""
+        if self.neighbours is None:
+            raise RuntimeError("filter_fused needs a lattice built for the Triton kernels: build_lattice(fused=True)")
         current, spare = workspace[0, : self.points + 1], workspace[1, : self.points + 1]
         kernels.product(self.splat, values, current)
-        for blur in self.blur:
-            kernels.product(blur, current, spare)
+        for neighbours in self.neighbours:
+            kernels.blur(neighbours, current, spare)
             current, spare = spare, current
         return kernels.product(self.slice, current, out, base=base, softmax=softmax)
 
@@ -132,9 +142,11 @@ def build_lattice(
             of four, and pads the last group of an image whose N is not a multiple of 4 with points at feature 0.
             They splat nothing and are never sliced, but their simplex's vertices join the lattice and relay the
             blur between the real vertices around them (marginals move by up to 8e-3 on random colours).
-        fused: Elevate the features and find their simplices and weights in one Triton kernel
-            (:func:`wsss.inference.crf.kernels.simplices`, the same float32 roundings) instead of about 80 PyTorch
-            operations.
+        fused: Build the lattice for the Triton kernels (:meth:`Lattice.filter_fused`): elevate the features and
+            find their simplices and weights in one kernel (:func:`wsss.inference.crf.kernels.simplices`, the same
+            float32 roundings) instead of about 80 PyTorch operations, and keep the blur's neighbours as they are
+            (``Lattice.neighbours``, read by :func:`~wsss.inference.crf.kernels.blur`) instead of making a matrix
+            of them per direction.
 
     Returns:
         The :class:`Lattice`, on the device of ``features``.
@@ -179,12 +191,15 @@ def build_lattice(
     alpha = np.float32(1.0 / (1.0 + 2.0 ** (-d)))
     slice_ = _csr(torch.arange(n + 1, device=device) * (d + 1), cols.reshape(-1),
                   weights.view(n, d + 1).gather(1, sort).reshape(-1) * float(alpha), (n, size), dtype)  # fmt: skip
+    if fused:  # (d+1, 2, M)
+        both = torch.stack(neighbours, dim=1)
+        return Lattice(splat=splat, slice=slice_, blur=[], points=m, neighbours=both.int() if size < 2**31 else both)
     blur = []
     own = torch.arange(1, size, device=device)
     crow = (torch.arange(size + 1, device=device) - 1).clamp_(min=0) * 3  # three entries a row; row 0 none: stays 0
     if 3 * size < 2**31:
         crow = crow.int()  # once for every direction
-    for n1, n2 in neighbours:
+    for n1, n2 in zip(*neighbours, strict=True):
         # the row's three columns in ascending order (a missing neighbour, 0, reads row 0: it adds 0 exactly)
         low, high = torch.minimum(n1, n2), torch.maximum(n1, n2)
         first, last = torch.minimum(own, low), torch.maximum(own, high)
@@ -262,7 +277,7 @@ def _barycentric(elevated: Tensor, rem0: Tensor, rank: Tensor) -> Tensor:
 
 def _index_vertices(
     rem0: Tensor, rank: Tensor, segments: Tensor | None, images: int = 1
-) -> tuple[Tensor, list[tuple[Tensor, Tensor]], int, Tensor | None]:
+) -> tuple[Tensor, tuple[Tensor, Tensor], int, Tensor | None]:
     """Number the simplex vertices of every point: the lattice points.
 
     The vertex r of point i has the key ``rem0[i, :d] + r - (d+1) [rank[i, :d] > d - r]`` (the canonical simplex's
@@ -277,9 +292,10 @@ def _index_vertices(
       117 -> 89 ms (81 classes, 640 x 480, median of 9) against the insertion order, and the build needs no
       renumbering and no sort of the entries by point (the stable sort of the codes gives it).
 
-    Returns ``vertex`` (L,) with L = N (d+1): the lattice point (0..M-1) of each entry, point-major; for each
-    direction j the indices + 1 of every lattice point's two neighbours (0 where absent); M; and the entries in
-    the order of their points (stable), or None where the numbering gives it no faster than a sort of ``vertex``.
+    Returns ``vertex`` (L,) with L = N (d+1): the lattice point (0..M-1) of each entry, point-major; two (d+1, M):
+    for each direction the indices + 1 of every lattice point's first and second neighbour (0 where absent); M; and
+    the entries in the order of their points (stable), or None where the numbering gives it no faster than a sort of
+    ``vertex``.
     """
     n, d = rem0.shape[0], rem0.shape[1] - 1
     device = rem0.device
@@ -325,12 +341,12 @@ def _index_vertices(
     return vertex, _with_second_neighbours(n1, m), m, order
 
 
-def _with_second_neighbours(n1: Tensor, m: int) -> list[tuple[Tensor, Tensor]]:
-    """Each direction's (first, second) neighbours + 1 of the M lattice points from the first ones (d+1, M): the
-    second neighbour is the opposite shift, so q = n1(p) <=> p = n2(q) (a scatter instead of a second search)."""
+def _with_second_neighbours(n1: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """Each direction's first and second neighbours + 1 of the M lattice points, two (d+1, M), from the first ones:
+    the second neighbour is the opposite shift, so q = n1(p) <=> p = n2(q) (a scatter instead of a second search)."""
     n2 = torch.zeros(n1.shape[0], m + 1, dtype=n1.dtype, device=n1.device)  # column 0 takes the absent ones' writes
     n2.scatter_(1, n1, torch.arange(1, m + 1, dtype=n1.dtype, device=n1.device).expand(n1.shape[0], m))
-    return [(first, second[1:]) for first, second in zip(n1, n2, strict=True)]
+    return n1, n2[:, 1:]
 
 
 def _code_box(rem0: Tensor) -> tuple[Tensor, list[int], int]:
