@@ -37,6 +37,13 @@ shape and checked for device as the engine does), so on CPU tensors it gives the
   stalls until the device has finished all work queued before it, as on a real GPU under
   ``torch.cuda.set_sync_debug_mode("error")``.
 
+Counted, not raised (:attr:`FakeCudaMode.pageable`): a ``non_blocking`` copy to ``cuda`` from pageable host memory.
+CUDA copies asynchronously only from page-locked memory; from pageable memory the driver first stages the data
+through a pinned buffer of its own and may synchronise with the stream to do so (the CUDA Runtime API's "API
+synchronization behavior"), so the host can stall as for a blocking copy. PyTorch's sync debug mode does not flag it,
+hence a count of its own. ``Tensor.pin_memory`` gives a copy that the emulator marks as pinned (a real pin needs a
+driver) and ``Tensor.is_pinned`` reads the mark, so code that pins before copying is seen doing so.
+
 On a machine with a real GPU the emulator steps aside: :func:`fake_cuda` runs the block on the real device, with
 ``torch.cuda.set_sync_debug_mode("error")`` while ``no_sync`` is set, so every test written for the emulator asserts
 its equalities against the real kernels (a stronger test), and a host read raises CUDA's own error. Tests expect that
@@ -45,7 +52,7 @@ error through :func:`raises_host_sync`. Tests of the emulator itself are marked 
 What cannot run here: Triton kernels (they need device memory), sparse CSR tensors (the torch dense CRF's splat,
 blur and slice products: FakeTensorMode has no sparse layouts, so their constructor reaches the driver; the CRF's
 lattice construction runs here, tests/inference/test_crf.py, and the whole CRF in `make gpu-check`), NCCL and
-pinned memory (a driver).
+real pinned memory (a driver; marked copies stand in).
 """
 
 from __future__ import annotations
@@ -155,6 +162,11 @@ class FakeCudaMode(TorchDispatchMode):
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.syncs: list[str] = []
         """The ops that made the host wait for the device so far (the ``no_sync`` region's errors, counted)."""
+        self.pageable: list[str] = []
+        """The ``non_blocking`` copies to the device from pageable host memory so far (the module docstring)."""
+        self.pinned: dict[int, torch.Tensor] = {}
+        """The storages that ``Tensor.pin_memory`` made inside the block, by address (kept alive, so that no other
+        storage takes the address while the block runs)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -191,6 +203,9 @@ class FakeCudaMode(TorchDispatchMode):
         uploads = _blocking_upload(func, args, kwargs)
         if reads_device or copies_to_host or uploads:
             self.syncs.append(str(func))
+        source = _non_blocking_upload(func, args, kwargs)
+        if source is not None and not self.is_pinned(source):
+            self.pageable.append(str(func))
         if self.no_sync and (reads_device or copies_to_host):
             raise HostSyncError(f"{func} reads device data on the host (a CUDA sync) inside a no-sync region")
         if self.no_sync and uploads:
@@ -216,6 +231,31 @@ class FakeCudaMode(TorchDispatchMode):
         if isinstance(real_out, (tuple, list)):
             return type(real_out)(pair(r, f) for r, f in zip(real_out, fake_out, strict=True))
         return pair(real_out, fake_out)
+
+
+    def pin_memory(self, tensor: torch.Tensor, device: object = None) -> torch.Tensor:
+        """``Tensor.pin_memory`` here: a copy, marked as pinned."""
+        copy = tensor.clone(memory_format=torch.contiguous_format)
+        self.pinned[copy.untyped_storage().data_ptr()] = copy
+        return copy
+
+    def is_pinned(self, tensor: torch.Tensor, device: object = None) -> bool:
+        """``Tensor.is_pinned`` here: a CPU tensor (or a view of one) that :meth:`pin_memory` made."""
+        return tensor.device.type == "cpu" and tensor.untyped_storage().data_ptr() in self.pinned
+
+
+def _non_blocking_upload(func, args, kwargs) -> torch.Tensor | None:
+    """The CPU tensor that ``func`` copies to ``cuda`` with ``non_blocking``, or None."""
+    if func is torch.ops.aten._to_copy.default:
+        src = args[0]
+        if not isinstance(src, CudaTensor) and _is_cuda(kwargs.get("device")) and kwargs.get("non_blocking"):
+            return src
+    if func is torch.ops.aten.copy_.default:
+        dst, src = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        if isinstance(dst, CudaTensor) and isinstance(src, torch.Tensor) and not isinstance(src, CudaTensor):
+            return src if non_blocking else None
+    return None
 
 
 def _blocking_upload(func, args, kwargs) -> bool:
@@ -359,6 +399,8 @@ def fake_cuda(no_sync: bool = False) -> Iterator[FakeCudaMode | RealCudaMode]:
         mock.patch("torch.tensor", _from_data(torch.tensor)),
         mock.patch("torch.as_tensor", _from_data(torch.as_tensor)),
         FakeCudaMode(no_sync) as mode,
+        mock.patch.object(torch.Tensor, "pin_memory", lambda self, device=None: mode.pin_memory(self)),
+        mock.patch.object(torch.Tensor, "is_pinned", lambda self, device=None: mode.is_pinned(self)),
     ):
         # The first factory call on "cuda" marks the device initialised (through the patched _lazy_init); without
         # it, Tensor.to("cuda") would initialise the real CUDA runtime, which fails without a driver.

@@ -9,6 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tests.fake_cuda import emulator_only, fake_cuda, graph_backward, needs_fake_cuda, no_sync, raises_host_sync
+from wsss.utils.tensors import to_device
 
 HOST_READS = {
     "item": lambda y: y.sum().item(),
@@ -70,6 +71,28 @@ def test_a_blocking_copy_to_the_device_is_a_sync_and_a_non_blocking_one_is_not(u
             y = x.to("cuda", non_blocking=True)
             z = torch.empty(6, device="cuda").copy_(x, non_blocking=True)
         assert torch.equal(UPLOADS[upload](x).cpu(), x) and torch.equal(y.cpu(), x) and torch.equal(z.cpu(), x)
+
+
+@needs_fake_cuda
+@emulator_only
+def test_a_non_blocking_copy_from_pageable_memory_is_counted_and_to_device_pins():
+    """From pageable memory CUDA stages a copy through its own buffer and may wait for the stream: the emulator
+    counts such copies (``mode.pageable``, not raised: CUDA's sync debug mode does not flag them either); from a
+    pinned tensor, or a view of one, none; ``to_device`` pins first."""
+    x = torch.arange(12, dtype=torch.float32).view(3, 4)
+    with fake_cuda() as mode:
+        with no_sync(mode):
+            y = x.to("cuda", non_blocking=True)
+            torch.empty(3, 4, device="cuda").copy_(x, non_blocking=True)
+        assert mode.pageable == ["aten._to_copy.default", "aten.copy_.default"]
+        pinned = x.pin_memory()
+        assert pinned.is_pinned() and pinned[1:].is_pinned() and not x.is_pinned()
+        pinned.to("cuda", non_blocking=True)
+        pinned[1:].to("cuda", non_blocking=True)
+        z = to_device(x, "cuda")
+        assert len(mode.pageable) == 2 and not mode.syncs
+        assert torch.equal(y.cpu(), x) and torch.equal(z.cpu(), x)
+    assert to_device(x, "cpu") is x  # nothing to pin for the CPU
 
 
 @needs_fake_cuda

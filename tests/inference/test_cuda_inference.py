@@ -76,10 +76,22 @@ CRF_SYNCS_PER_BATCH = 7
 labels (one copy for the batch), and two per lattice (its key box, its number of points), whatever the batch size."""
 
 
-def syncs_per_batch(root, ckpt, tmp_path, options: dict) -> tuple[int, int]:
+def crf_stand_ins(monkeypatch) -> None:
+    """The sparse matrices cannot exist on the emulated device: their parts stand in, and the filter returns what it
+    is given (a product reads nothing back on a GPU either); the lattices are built as on a GPU."""
+    from wsss.inference.crf import permutohedral
+
+    monkeypatch.setattr(torch, "sparse_csr_tensor", lambda crow, col, values, size, **_: (crow, col, values, size))
+    monkeypatch.setattr(permutohedral.Lattice, "scaled", lambda self, outer, inner: self)
+    monkeypatch.setattr(permutohedral.Lattice, "filter",
+                        lambda self, values, add_to=None, workspace=None: values if add_to is None else add_to)
+
+
+def syncs_per_batch(root, ckpt, tmp_path, options: dict, counted: str = "syncs") -> tuple[int, int]:
     """Every op that makes the host wait for the device (a read of device data, a copy to the host, a blocking
-    upload), over 2 images in a batch of 2, 4 in batches of 2 and 4 in a batch of 4: the model's loading and the
-    run's set-up cancel out in the differences. Returns the syncs of a batch of 2, and what a batch of 4 costs more."""
+    upload; or with ``counted="pageable"`` every copy to it from pageable memory), over 2 images in a batch of 2, 4
+    in batches of 2 and 4 in a batch of 4: the model's loading and the run's set-up cancel out in the differences.
+    Returns the count of a batch of 2, and what a batch of 4 costs more."""
     syncs = {}
     for count, batch_size in ((2, 2), (4, 2), (4, 4)):
         folder = tmp_path / f"in{count}"
@@ -92,7 +104,7 @@ def syncs_per_batch(root, ckpt, tmp_path, options: dict) -> tuple[int, int]:
         with fake_cuda() as mode:
             out = tmp_path / f"out{count}-{batch_size}"
             assert run_inference(ckpt, folder, out, options=run_options, device="cuda").done == count
-        syncs[count, batch_size] = len(mode.syncs)
+        syncs[count, batch_size] = len(getattr(mode, counted))
     return syncs[4, 2] - syncs[2, 2], syncs[4, 4] - syncs[2, 2]
 
 
@@ -102,6 +114,19 @@ def syncs_per_batch(root, ckpt, tmp_path, options: dict) -> tuple[int, int]:
 def test_the_folder_loop_waits_for_the_device_twice_per_batch(toy_checkpoint, tmp_path, tta):
     per_batch, more_for_four = syncs_per_batch(*toy_checkpoint, tmp_path, {"scales": tta[0], "flip": tta[1]})
     assert (per_batch, more_for_four) == (LOOP_SYNCS_PER_BATCH, 0)
+
+
+@pytest.mark.skipif(REAL_GPU, reason="counts uploads with the emulator's counter (tests/fake_cuda.py), which a "
+                    "real GPU does not keep")  # fmt: skip
+@pytest.mark.parametrize("options", [{}, {"scales": SCALES, "flip": True, "gallery": True}, {"crf": True}],
+                         ids=["single", "ms+flip+gallery", "crf"])  # fmt: skip
+def test_the_folder_loop_copies_to_the_device_from_pinned_memory_only(toy_checkpoint, tmp_path, options, monkeypatch):
+    """A copy from pageable memory may wait for the device (the driver stages it): the images, the class indices
+    and the CRF's inputs go to the device from page-locked memory (wsss.utils.tensors.to_device pins them)."""
+    if options.get("crf"):
+        crf_stand_ins(monkeypatch)
+        options = {**options, "cfg_options": {"infer.crf.kernel": "torch"}}
+    assert syncs_per_batch(*toy_checkpoint, tmp_path, options, counted="pageable") == (0, 0)
 
 
 @pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
@@ -117,14 +142,8 @@ def test_the_cam_pictures_wait_for_the_device_once_per_batch(toy_checkpoint, tmp
 @pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
                     "real GPU does not keep")  # fmt: skip
 def test_the_crf_waits_for_the_device_per_batch_not_per_image(toy_checkpoint, tmp_path, monkeypatch):
-    """The sparse matrices cannot exist on the emulated device: their parts stand in, and the filter returns what it
-    is given (a product reads nothing back on a GPU either); the lattices are built as on a GPU."""
-    from wsss.inference.crf import permutohedral
-
-    monkeypatch.setattr(torch, "sparse_csr_tensor", lambda crow, col, values, size, **_: (crow, col, values, size))
-    monkeypatch.setattr(permutohedral.Lattice, "scaled", lambda self, outer, inner: self)
-    monkeypatch.setattr(permutohedral.Lattice, "filter",
-                        lambda self, values, add_to=None, workspace=None: values if add_to is None else add_to)
+    """The lattices are built as on a GPU (:func:`crf_stand_ins`)."""
+    crf_stand_ins(monkeypatch)
     options = {"crf": True, "cfg_options": {"infer.crf.kernel": "torch"}}  # Triton cannot run on emulated tensors
     assert syncs_per_batch(*toy_checkpoint, tmp_path, options) == (CRF_SYNCS_PER_BATCH, 0)
 

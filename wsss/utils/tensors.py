@@ -16,6 +16,13 @@ def argmax(x: Tensor, dim: int) -> Tensor:
 
 
 def to_device(x: Tensor, device: torch.device | str) -> Tensor:
-    """A host tensor (an index, a mask) on ``device`` without making the host wait for the device: a ``non_blocking``
-    copy (a blocking one waits for the device's queued work, a CUDA sync)."""
+    """A host tensor (an image, an index, a mask) on ``device`` without making the host wait for the device: a
+    ``non_blocking`` copy (a blocking one waits for the device's queued work, a CUDA sync) from page-locked memory.
+
+    To a GPU, a tensor in pageable memory is first copied into a pinned one (``Tensor.pin_memory``: a host copy into
+    PyTorch's caching host allocator, which keeps the block until the copy's stream has read it): from pageable
+    memory CUDA stages the copy through a buffer of its own and may wait for the stream to do so."""
+    device = torch.device(device)
+    if device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():
+        x = x.pin_memory()
     return x.to(device, non_blocking=True)
