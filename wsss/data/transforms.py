@@ -31,20 +31,25 @@ def backbone_mean_std(backbone: str) -> tuple[tuple[float, ...], tuple[float, ..
 
 
 def normalize(
-    image: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device | str = "cpu"
+    image: np.ndarray,
+    mean: Sequence[float] | torch.Tensor,
+    std: Sequence[float] | torch.Tensor,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """(H, W, 3) uint8 RGB in any memory layout, read-only too -> (3, H, W) float32 normalised tensor on ``device``.
 
-    The uint8 pixels go to ``device`` (a quarter of the float's bytes) without making the host wait for it (a
-    ``non_blocking`` copy), and are converted there. torch wraps the caller's array only when it is writable and
-    C-contiguous (a read-only one, e.g. ``np.asarray(pil_image)``, would make torch warn); another is copied first.
+    The uint8 pixels go to ``device`` (a quarter of the float's bytes) without making the host wait for it
+    (:func:`~wsss.utils.tensors.to_device`), and are converted there. torch wraps the caller's array only when it is
+    writable and C-contiguous (a read-only one, e.g. ``np.asarray(pil_image)``, would make torch warn); another is
+    copied first. ``mean`` and ``std`` as values, or as :func:`channel_constants` on ``device`` (no upload per
+    image).
     """
     if not (image.flags.writeable and image.flags.c_contiguous):
         image = np.array(image, order="C")  # a copy
     pixels = to_device(torch.from_numpy(image), device)
     x = pixels.permute(2, 0, 1).float().div_(255.0)
-    m = to_device(torch.tensor(mean, dtype=torch.float32).view(3, 1, 1), x.device)
-    s = to_device(torch.tensor(std, dtype=torch.float32).view(3, 1, 1), x.device)
+    m = (mean if isinstance(mean, torch.Tensor) else channel_constants(mean, x.device)).view(3, 1, 1)
+    s = (std if isinstance(std, torch.Tensor) else channel_constants(std, x.device)).view(3, 1, 1)
     return (x - m) / s
 
 
@@ -53,8 +58,8 @@ def denormalize(
 ) -> torch.Tensor:
     """(B, 3, H, W) normalised -> (B, 3, H, W) in [0, 1] (the inverse of :func:`normalize`).
 
-    ``mean`` and ``std`` as values, or as :func:`channel_constants` on ``x``'s device: a tensor made from host values
-    is a blocking copy to a GPU, which makes the host wait for the device (the training step passes tensors).
+    ``mean`` and ``std`` as values, or as :func:`channel_constants` on ``x``'s device (made once: values are uploaded
+    at every call).
     """
     m = mean if isinstance(mean, torch.Tensor) else channel_constants(mean, x.device)
     s = std if isinstance(std, torch.Tensor) else channel_constants(std, x.device)
@@ -62,8 +67,9 @@ def denormalize(
 
 
 def channel_constants(values: Sequence[float], device: torch.device | str) -> torch.Tensor:
-    """``values`` as a ``(1, C, 1, 1)`` float32 tensor on ``device``, to broadcast over ``(B, C, H, W)``."""
-    return torch.tensor(tuple(values), dtype=torch.float32, device=device).view(1, len(values), 1, 1)
+    """``values`` as a ``(1, C, 1, 1)`` float32 tensor on ``device``, to broadcast over ``(B, C, H, W)``, copied
+    there without making the host wait (:func:`~wsss.utils.tensors.to_device`)."""
+    return to_device(torch.tensor(tuple(values), dtype=torch.float32).view(1, len(values), 1, 1), device)
 
 
 @dataclass

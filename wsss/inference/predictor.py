@@ -59,7 +59,7 @@ from torch import Tensor
 
 from wsss.config import Config, InferConfig
 from wsss.config.validation import MAX_SIDE
-from wsss.data.transforms import normalize
+from wsss.data.transforms import channel_constants, normalize
 from wsss.inference.crf import crf_labels
 from wsss.inference.resize import BandResize, row_bands, shrink
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file, untrained_decoder_warning
@@ -311,6 +311,7 @@ class Segmenter:
         self.classes = list(classes)
         self.mean, self.std = tuple(mean), tuple(std)
         self.cfg = cfg
+        self._constants: tuple[Tensor, Tensor] | None = None
 
     @classmethod
     def from_checkpoint(
@@ -373,11 +374,14 @@ class Segmenter:
         (bilinear, antialiased): the width of each band of ``band_pixels`` pixels, then the height of the narrow
         image, which is ``F.interpolate`` of the whole normalised image up to float rounding without the full-size
         float image."""
+        if self._constants is None or self._constants[0].device != self.device:  # uploaded once
+            self._constants = channel_constants(self.mean, self.device), channel_constants(self.std, self.device)
+        mean, std = self._constants
         if tuple(raw.shape[:2]) == tuple(size):
-            return normalize(raw, self.mean, self.std, self.device)
+            return normalize(raw, mean, std, self.device)
 
         def band(start: int, stop: int) -> Tensor:
-            return normalize(raw[start:stop], self.mean, self.std, self.device)[None]
+            return normalize(raw[start:stop], mean, std, self.device)[None]
 
         return shrink(band, raw.shape[:2], size, band_pixels)[0]
 

@@ -71,7 +71,7 @@ from wsss.cam import multiscale_cam
 from wsss.config import Config, apply_options, load_config
 from wsss.data.classes import voc_palette
 from wsss.data.folder import Skipped
-from wsss.data.transforms import denormalize, normalize
+from wsss.data.transforms import channel_constants, denormalize, normalize
 from wsss.data.voc import VOCClsDataset, mask_file
 from wsss.inference.crf import CrfPool
 from wsss.inference.exports.second_stage import write_second_stage
@@ -84,7 +84,7 @@ from wsss.utils.distributed import all_gather_objects, barrier, raise_on_every_r
 from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, read_image, remove_stale_temporaries, save_mask
 from wsss.utils.folder_lock import hold_lock
 from wsss.utils.startup import threads_beside
-from wsss.utils.tensors import argmax
+from wsss.utils.tensors import argmax, to_device
 
 __all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "PendingMasks", "export_pseudo_labels",
            "pseudo_masks", "submit_pseudo_masks"]
@@ -216,8 +216,8 @@ def pseudo_masks(
     image: Tensor,
     labels: Tensor,
     cfg: Config,
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
+    mean: tuple[float, ...] | Tensor,
+    std: tuple[float, ...] | Tensor,
     par: PAR,
     crf: CrfPool | None = None,
     raw: np.ndarray | None = None,
@@ -229,7 +229,7 @@ def pseudo_masks(
         image: (1, 3, H, W) normalised image.
         labels: (1, C-1) multi-hot image-level labels.
         cfg: ``cam.*``, ``par.scale``, ``data.ignore_index``.
-        mean: Normalisation mean of ``image``.
+        mean: Normalisation mean of ``image`` (values, or :func:`~wsss.data.transforms.channel_constants` there).
         std: Normalisation std.
         par: The refinement module (``par.*``), on the image's device.
         crf: A CRF pool (``infer.crf.*``), or None for no CRF.
@@ -248,8 +248,8 @@ def submit_pseudo_masks(
     image: Tensor,
     labels: Tensor,
     cfg: Config,
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
+    mean: tuple[float, ...] | Tensor,
+    std: tuple[float, ...] | Tensor,
     par: PAR,
     crf: CrfPool | None = None,
     raw: np.ndarray | None = None,
@@ -425,6 +425,7 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
                 threads_beside(pool.workers, opts.threads)
             model, _ = model_from_checkpoint(plan.ckpt, device)
             par = PAR.from_config(cfg.par).to(device)
+            constants = channel_constants(mean, device), channel_constants(std, device)  # uploaded once
             palette = voc_palette()
             show = opts.progress and rank == 0
             # With CRF workers, up to two images per worker wait for their CRF while the next images' CAMs run; the
@@ -445,9 +446,9 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
                 except ValueError as err:
                     skipped.append(Skipped(src.rel, str(err)))
                     continue
-                image = normalize(raw, mean, std, device)[None]
-                labels = torch.from_numpy(dataset.labels[src.rel].astype(np.float32))[None].to(device)
-                pending.append((src.rel, submit_pseudo_masks(model, image, labels, cfg, mean, std, par, pool, raw)))
+                image = normalize(raw, *constants, device)[None]
+                labels = to_device(torch.from_numpy(dataset.labels[src.rel].astype(np.float32))[None], device)
+                pending.append((src.rel, submit_pseudo_masks(model, image, labels, cfg, *constants, par, pool, raw)))
                 while pending and (len(pending) > waiting_at_most or pending[0][1].done()):
                     write_first()
             while pending:
