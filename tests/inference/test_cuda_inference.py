@@ -16,6 +16,7 @@ from PIL import Image
 
 from tests.fake_cuda import REAL_GPU, fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss.evaluation.metrics import ConfusionMatrix
+from wsss.inference.exports.pseudo_labels import ExportOptions, export_pseudo_labels
 from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.inference.predictor import Segmenter
 from wsss.utils.fileio import read_image, read_mask
@@ -146,6 +147,29 @@ def test_the_crf_waits_for_the_device_per_batch_not_per_image(toy_checkpoint, tm
     crf_stand_ins(monkeypatch)
     options = {"crf": True, "cfg_options": {"infer.crf.kernel": "torch"}}  # Triton cannot run on emulated tensors
     assert syncs_per_batch(*toy_checkpoint, tmp_path, options) == (CRF_SYNCS_PER_BATCH, 0)
+
+
+@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
+                    "real GPU does not keep")  # fmt: skip
+def test_the_pseudo_label_export_waits_for_the_device_once_per_image_and_equals_the_cpu(toy_checkpoint, tmp_path):
+    """The masks of each image come to the host in one copy (the classes counted on the host, the labels looked up
+    with ``take``); the masks are the CPU export's. PAR in PyTorch: Triton cannot run on emulated tensors."""
+    root, ckpt = toy_checkpoint
+    ids = sorted(p.stem for p in (root / "JPEGImages").glob("train_*.jpg"))
+    options = {"cfg_options": {"par.kernel": "torch"}, "overwrite": True, "progress": False}
+    syncs = {}
+    for count in (2, 4):
+        split = tmp_path / f"split{count}.txt"
+        split.write_text("\n".join(ids[:count]) + "\n")
+        with fake_cuda() as mode:
+            export_pseudo_labels(ckpt, tmp_path / f"cuda{count}", ExportOptions(split=str(split), **options), "cuda")
+        syncs[count] = len(mode.syncs)
+    assert syncs[4] - syncs[2] == 2  # one per image
+    export_pseudo_labels(ckpt, tmp_path / "cpu", ExportOptions(split=str(split), **options), "cpu")
+    masks = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.png"))
+    assert len(masks) == 8  # two masks per image
+    for mask in masks:
+        np.testing.assert_array_equal(read_mask(tmp_path / "cuda4" / mask), read_mask(tmp_path / "cpu" / mask))
 
 
 def test_the_evaluator_counts_on_cuda_as_on_the_cpu():

@@ -205,10 +205,12 @@ class PendingMasks:
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """The (H, W) uint8 dual-threshold and single-threshold masks; waits for the CRF; raises a job's error."""
-        high, low, single = (self.keys[:, torch.as_tensor(job.result()).to(self.keys.device).long()]
+        keys = self.keys[0]  # each map's labels index its channels: their classes
+        high, low, single = (keys.take(to_device(torch.as_tensor(job.result()), keys.device).long())[None]
                              for job in self.jobs)  # fmt: skip
         certain = combine_dual_threshold(high, low, None, self.ignore_index)
-        return certain[0].to(torch.uint8).cpu().numpy(), single[0].to(torch.uint8).cpu().numpy()
+        both = torch.cat([certain, single]).to(torch.uint8).cpu().numpy()  # one copy to the host
+        return both[0], both[1]
 
 
 def pseudo_masks(
@@ -253,13 +255,15 @@ def submit_pseudo_masks(
     par: PAR,
     crf: CrfPool | None = None,
     raw: np.ndarray | None = None,
+    max_present: int | None = None,
 ) -> PendingMasks:
     """The CAMs and PAR of one full image (:func:`pseudo_masks`' arguments), and with ``crf`` its CRF jobs queued:
-    with CRF workers the call returns before they finish, so the next image's CAMs run beside them."""
+    with CRF workers the call returns before they finish, so the next image's CAMs run beside them. ``max_present``:
+    the number of classes in ``labels``, counted on the host (None: read from the device, a sync)."""
     cams = multiscale_cam(model.cam, image, labels, cfg.cam.scales)
     rgb = denormalize(image.float(), mean, std)
     planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
-    scores, keys = refine_cam_stacks(rgb, cams, labels, planes, par, cfg.par.scale)  # (3, 1, K, H, W), (1, K)
+    scores, keys = refine_cam_stacks(rgb, cams, labels, planes, par, cfg.par.scale, max_present)  # (3, 1, K, H, W)
     if crf is None:
         jobs = [_finished(argmax(s, 1)[0]) for s in scores]  # refine_cams_with_par's argmax; the keys in result()
     else:
@@ -447,8 +451,10 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
                     skipped.append(Skipped(src.rel, str(err)))
                     continue
                 image = normalize(raw, *constants, device)[None]
-                labels = to_device(torch.from_numpy(dataset.labels[src.rel].astype(np.float32))[None], device)
-                pending.append((src.rel, submit_pseudo_masks(model, image, labels, cfg, *constants, par, pool, raw)))
+                present = dataset.labels[src.rel]
+                labels = to_device(torch.from_numpy(present.astype(np.float32))[None], device)
+                masks = submit_pseudo_masks(model, image, labels, cfg, *constants, par, pool, raw, int(present.sum()))
+                pending.append((src.rel, masks))
                 while pending and (len(pending) > waiting_at_most or pending[0][1].done()):
                     write_first()
             while pending:
