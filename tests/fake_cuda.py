@@ -232,7 +232,6 @@ class FakeCudaMode(TorchDispatchMode):
             return type(real_out)(pair(r, f) for r, f in zip(real_out, fake_out, strict=True))
         return pair(real_out, fake_out)
 
-
     def pin_memory(self, tensor: torch.Tensor, device: object = None) -> torch.Tensor:
         """``Tensor.pin_memory`` here: a copy, marked as pinned."""
         copy = tensor.clone(memory_format=torch.contiguous_format)

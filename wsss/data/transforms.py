@@ -58,8 +58,8 @@ def denormalize(
 ) -> torch.Tensor:
     """(B, 3, H, W) normalised -> (B, 3, H, W) in [0, 1] (the inverse of :func:`normalize`).
 
-    ``mean`` and ``std`` as values, or as :func:`channel_constants` on ``x``'s device (made once: values are uploaded
-    at every call).
+    ``mean`` and ``std`` as values (uploaded at every call), or as :func:`channel_constants` on ``x``'s device, made
+    once.
     """
     m = mean if isinstance(mean, torch.Tensor) else channel_constants(mean, x.device)
     s = std if isinstance(std, torch.Tensor) else channel_constants(std, x.device)
