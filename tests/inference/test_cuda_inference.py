@@ -15,10 +15,14 @@ import torch
 from PIL import Image
 
 from tests.fake_cuda import REAL_GPU, fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
+from wsss.config import apply_options
+from wsss.data.voc import VOCSegDataset
+from wsss.evaluation.cam_eval import evaluate_cams
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.inference.exports.pseudo_labels import ExportOptions, export_pseudo_labels
 from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.inference.predictor import Segmenter
+from wsss.model_file import config_from_checkpoint, model_from_checkpoint
 from wsss.utils.fileio import read_image, read_mask
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), needs_fake_cuda]
@@ -170,6 +174,32 @@ def test_the_pseudo_label_export_waits_for_the_device_once_per_image_and_equals_
     assert len(masks) == 8  # two masks per image
     for mask in masks:
         np.testing.assert_array_equal(read_mask(tmp_path / "cuda4" / mask), read_mask(tmp_path / "cpu" / mask))
+
+
+@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
+                    "real GPU does not keep")  # fmt: skip
+def test_the_cam_evaluation_never_waits_for_the_device_per_image(toy_checkpoint):
+    """tools/eval_cams.py's loop (a threshold sweep and the pseudo labels): the image-level labels from the mask on
+    the host, uploads from pinned memory, the confusion counts added into bins of a known size (no ``bincount``),
+    the constants made once; its scores are the CPU's. PAR in PyTorch (Triton cannot run on emulated tensors)."""
+    _, ckpt = toy_checkpoint
+
+    def evaluate(device, images):
+        model, raw = model_from_checkpoint(ckpt, device)
+        cfg = apply_options(config_from_checkpoint(raw), {"par.kernel": "torch", "data.num_workers": 0})
+        dataset = VOCSegDataset(cfg.data, tuple(raw["mean"]), tuple(raw["std"]), split="train")
+        return evaluate_cams(model.eval(), dataset, cfg, [0.3, 0.5], device, pseudo=True, max_images=images,
+                             progress=False)  # fmt: skip
+
+    syncs = {}
+    for images in (2, 4):
+        with fake_cuda() as mode:
+            result = evaluate("cuda", images)
+        syncs[images] = len(mode.syncs)
+    assert syncs[4] == syncs[2]
+    expected = evaluate("cpu", 4)
+    assert result.pseudo.summary == expected.pseudo.summary
+    assert [result.cam[t].summary for t in (0.3, 0.5)] == [expected.cam[t].summary for t in (0.3, 0.5)]
 
 
 def test_the_evaluator_counts_on_cuda_as_on_the_cpu():

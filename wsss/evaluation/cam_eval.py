@@ -44,7 +44,7 @@ from tqdm import tqdm
 from wsss.cam import labels_from_mask, multiscale_cam
 from wsss.config import Config
 from wsss.data.classes import voc_palette
-from wsss.data.transforms import denormalize
+from wsss.data.transforms import channel_constants, denormalize
 from wsss.data.voc import SkipUnreadable, VOCSegDataset, collate_list
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics, format_table
 from wsss.evaluation.protocol import EvalProtocol, is_voc
@@ -54,6 +54,7 @@ from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cams_with_par
 from wsss.utils.distributed import init_distributed, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_mask
+from wsss.utils.tensors import to_device
 
 __all__ = ["CamEvalResult", "default_work_dir", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
 
@@ -238,6 +239,7 @@ def evaluate_cams(
     pseudo_cm = ConfusionMatrix(num_classes, ignore, device=device)
     pseudo_all_cm = ConfusionMatrix(num_classes, ignore, device=device)
     par = PAR.from_config(cfg.par).to(device)
+    constants = channel_constants(dataset.mean, device), channel_constants(dataset.std, device)  # uploaded once
     pseudo = pseudo or pseudo_dir is not None
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
     rank, world = rank_and_world()
@@ -255,9 +257,10 @@ def evaluate_cams(
             unreadable = batch["skipped"][0]
             break
         image_id = batch["id"][0]
-        image = batch["image"][0][None].to(device)
-        gt = batch["mask"][0].to(device)[None]
-        labels = labels_from_mask(gt[0], num_classes)[None]
+        image = to_device(batch["image"][0][None], device)
+        mask = batch["mask"][0]
+        present = labels_from_mask(mask, num_classes)  # on the host, which has the mask: no read of the device
+        gt, labels = to_device(mask, device)[None], to_device(present, device)[None]
         cam = multiscale_cam(cam_fn, image, labels, cfg.cam.scales)
         for cm, pred in zip(cams_cm, sweep_labels(cam, labels, thresholds), strict=True):
             cm.update(pred, gt)
@@ -266,9 +269,10 @@ def evaluate_cams(
             np.save(buf, cam[0].to(torch.float16).cpu().numpy())
             atomic_write_bytes(_safe_file(Path(cam_dir), image_id, ".npy"), buf.getvalue())
         if pseudo:
-            images01 = denormalize(image, dataset.mean, dataset.std)
+            images01 = denormalize(image, *constants)
             planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
-            high, low, single = refine_cams_with_par(images01, cam, labels, planes, par, cfg.par.scale)
+            high, low, single = refine_cams_with_par(images01, cam, labels, planes, par, cfg.par.scale,
+                                                     int(present.sum()))  # fmt: skip
             label = combine_dual_threshold(high, low, None, ignore)
             pseudo_all_cm.update(single, gt)
             pseudo_cm.update(label, gt.masked_fill(label == ignore, ignore))

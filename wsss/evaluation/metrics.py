@@ -326,7 +326,9 @@ def _clip_labels_numpy(x: np.ndarray, hi: int) -> np.ndarray:
 def _count_torch(
     pred: torch.Tensor, gt: torch.Tensor, num_classes: int, ignore_index: int, reduce_zero_label: bool
 ) -> torch.Tensor:
-    """:func:`_count_numpy` with torch ops, on the tensors' device (used off the CPU)."""
+    """:func:`_count_numpy` with torch ops, on the tensors' device (used off the CPU). The counts are added into bins
+    of a size known beforehand (``index_add_``), where ``bincount`` reads the index's maximum back to the host (a
+    CUDA sync per update)."""
     c = num_classes
     info = torch.iinfo(gt.dtype)
     ignored = (
@@ -338,8 +340,9 @@ def _count_torch(
     else:
         rows = _clip_labels_torch(gt, c)
     rows.masked_fill_(ignored, c + 1)
-    index = rows.mul_(c + 1).add_(_clip_labels_torch(pred, c))
-    return torch.bincount(index, minlength=(c + 2) * (c + 1)).to(torch.int64)
+    index = rows.mul_(c + 1).add_(_clip_labels_torch(pred, c)).reshape(-1)
+    counts = torch.zeros((c + 2) * (c + 1), dtype=torch.int64, device=index.device)
+    return counts.index_add_(0, index, torch.ones_like(index, dtype=torch.int64))
 
 
 def _clip_labels_torch(x: torch.Tensor, hi: int) -> torch.Tensor:
