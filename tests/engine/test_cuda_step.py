@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.fake_cuda import fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
+from tests.fake_cuda import emulator_only, fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss import losses
 from wsss.config import Config
 from wsss.data.transforms import backbone_mean_std
@@ -229,6 +229,24 @@ def test_validation_of_a_cuda_model_equals_the_cpu(tiny_voc, tmp_path):
     assert on_cuda.pictures.keys() == on_cpu.pictures.keys()
     for name, picture in on_cuda.pictures.items():
         assert (picture == on_cpu.pictures[name]).all()
+
+
+@emulator_only
+def test_validation_waits_for_the_device_only_for_its_pictures(tiny_voc):
+    """Per image scored (no pictures), no host sync: the labels from the mask on the host, uploads through
+    to_device, the confusion counts without bincount."""
+    cfg = tiny_config(tiny_voc)
+    mean, std = backbone_mean_std(cfg.model.backbone)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, num_classes=3)
+    val_set = val_dataset(cfg.data, mean, std)
+    assert len(val_set) >= 2
+    syncs = []
+    for images in (1, 2):
+        with fake_cuda() as mode:
+            validate(copy.deepcopy(model).to(CUDA), val_set, cfg, CUDA, max_images=images, num_pictures=0)
+        syncs.append(len(mode.syncs))
+    assert syncs[1] == syncs[0], syncs
 
 
 def test_a_cuda_checkpoint_saves_from_the_cpu_and_loads_back_onto_cuda(tmp_path):

@@ -29,7 +29,7 @@ from wsss.models.segmentor import WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import pseudo_labels
 from wsss.utils.distributed import all_gather_objects
-from wsss.utils.tensors import argmax
+from wsss.utils.tensors import argmax, to_device
 
 PANEL_TITLES = ("image", "CAM", "pseudo label", "prediction", "ground truth")
 
@@ -90,9 +90,10 @@ def validate(
         if "skipped" in batch:
             skipped.append(batch["skipped"][0])
             continue
-        image = batch["image"][0][None].to(device)
-        gt = batch["mask"][0].to(device)
-        labels = labels_from_mask(gt, num_classes)[None]
+        mask = batch["mask"][0]
+        image = to_device(batch["image"][0][None], device)
+        gt = to_device(mask, device)
+        labels = to_device(labels_from_mask(mask, num_classes)[None], device)  # from the host's mask: no device read
         size = tuple(gt.shape)
         image = _model_input(image, cfg)
         crop_size = tuple(image.shape[-2:])  # CAMs are already pixels (stride 1); the seg logits are tokens
