@@ -28,6 +28,9 @@ from wsss.utils.fileio import read_image, read_mask
 pytestmark = [pytest.mark.usefixtures("one_thread"), needs_fake_cuda]
 
 SCALES = (1.0, 0.5, 1.5)
+emulated_counts = pytest.mark.skipif(REAL_GPU, reason="counts host syncs or uploads with the emulator's counters "
+                                     "(tests/fake_cuda.py), which a real GPU does not keep")  # fmt: skip
+"""Mark a test that counts with the emulator."""
 
 
 def test_segmenter_with_three_scales_flip_and_cams_equals_the_cpu(toy_checkpoint):
@@ -113,16 +116,14 @@ def syncs_per_batch(root, ckpt, tmp_path, options: dict, counted: str = "syncs")
     return syncs[4, 2] - syncs[2, 2], syncs[4, 4] - syncs[2, 2]
 
 
-@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
-                    "real GPU does not keep")  # fmt: skip
+@emulated_counts
 @pytest.mark.parametrize("tta", [((1.0,), False), (SCALES, True)], ids=["single", "ms+flip"])
 def test_the_folder_loop_waits_for_the_device_twice_per_batch(toy_checkpoint, tmp_path, tta):
     per_batch, more_for_four = syncs_per_batch(*toy_checkpoint, tmp_path, {"scales": tta[0], "flip": tta[1]})
     assert (per_batch, more_for_four) == (LOOP_SYNCS_PER_BATCH, 0)
 
 
-@pytest.mark.skipif(REAL_GPU, reason="counts uploads with the emulator's counter (tests/fake_cuda.py), which a "
-                    "real GPU does not keep")  # fmt: skip
+@emulated_counts
 @pytest.mark.parametrize("options", [{}, {"scales": SCALES, "flip": True, "gallery": True}, {"crf": True}],
                          ids=["single", "ms+flip+gallery", "crf"])  # fmt: skip
 def test_the_folder_loop_copies_to_the_device_from_pinned_memory_only(toy_checkpoint, tmp_path, options, monkeypatch):
@@ -134,8 +135,7 @@ def test_the_folder_loop_copies_to_the_device_from_pinned_memory_only(toy_checkp
     assert syncs_per_batch(*toy_checkpoint, tmp_path, options, counted="pageable") == (0, 0)
 
 
-@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
-                    "real GPU does not keep")  # fmt: skip
+@emulated_counts
 @pytest.mark.parametrize("pictures", ["cams", "gallery"])
 def test_the_cam_pictures_wait_for_the_device_once_per_batch(toy_checkpoint, tmp_path, pictures):
     """The full-size CAM pictures (``--cams``) and the gallery's CAM thumbnails are made from the batch's CAMs,
@@ -144,8 +144,7 @@ def test_the_cam_pictures_wait_for_the_device_once_per_batch(toy_checkpoint, tmp
     assert (per_batch, more_for_four) == (LOOP_SYNCS_PER_BATCH + 1, 0)
 
 
-@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
-                    "real GPU does not keep")  # fmt: skip
+@emulated_counts
 def test_the_crf_waits_for_the_device_per_batch_not_per_image(toy_checkpoint, tmp_path, monkeypatch):
     """The lattices are built as on a GPU (:func:`crf_stand_ins`)."""
     crf_stand_ins(monkeypatch)
@@ -153,8 +152,7 @@ def test_the_crf_waits_for_the_device_per_batch_not_per_image(toy_checkpoint, tm
     assert syncs_per_batch(*toy_checkpoint, tmp_path, options) == (CRF_SYNCS_PER_BATCH, 0)
 
 
-@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
-                    "real GPU does not keep")  # fmt: skip
+@emulated_counts
 def test_the_pseudo_label_export_waits_for_the_device_once_per_image_and_equals_the_cpu(toy_checkpoint, tmp_path):
     """The masks of each image come to the host in one copy (the classes counted on the host, the labels looked up
     with ``take``); the masks are the CPU export's. PAR in PyTorch: Triton cannot run on emulated tensors."""
@@ -176,8 +174,7 @@ def test_the_pseudo_label_export_waits_for_the_device_once_per_image_and_equals_
         np.testing.assert_array_equal(read_mask(tmp_path / "cuda4" / mask), read_mask(tmp_path / "cpu" / mask))
 
 
-@pytest.mark.skipif(REAL_GPU, reason="counts host syncs with the emulator's counter (tests/fake_cuda.py), which a "
-                    "real GPU does not keep")  # fmt: skip
+@emulated_counts
 def test_the_cam_evaluation_never_waits_for_the_device_per_image(toy_checkpoint):
     """tools/eval_cams.py's loop (a threshold sweep and the pseudo labels): the image-level labels from the mask on
     the host, uploads from pinned memory, the confusion counts added into bins of a known size (no ``bincount``),
