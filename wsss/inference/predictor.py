@@ -477,10 +477,10 @@ class Segmenter:
             batch = self.run_batch(pending, scales, flip, max_size, cams)
             keep = self.mask_classes(batch.cls_logits)
             masks = None if crf else batch.masks(keep)
-            cam_maps = batch.host_cams(self.found_classes(batch.cls_logits)) if cams else [None] * len(pending)
+            on_host = batch.host_cams(self.found_classes(batch.cls_logits)) if cams else [None] * len(pending)
             for i, raw in enumerate(pending):
                 mask = None if masks is None else masks[i]
-                results.append(self._result(batch, i, raw, keep[i], mask, cam_maps[i]))
+                results.append(self._result(batch, i, raw, keep[i], mask, on_host[i]))
             pending.clear()
 
         for image in images:

@@ -11,7 +11,7 @@ and thumbnail, then its overlay and last its mask. With the dense CRF (:class:`C
 are submitted together as soon as their probabilities exist: the ``torch`` backend runs them in one call on the
 model's device (the probabilities never leave it); the ``pydensecrf`` backend queues them to its worker processes and
 an image's files are written when its job finishes, so the model loop does not wait for the CRF (a queued image
-keeps only host data until then: its pixels, probabilities, classifier logits and the CAMs it shows).
+keeps only host data until then: its pixels, probabilities, classifier logits and its classifier's classes' CAMs).
 
 The files are encoded and written by :class:`FileWriters`' threads, in the order above within each image, while the
 main thread goes on with the next batch (PNG encoding and fsync release the GIL); they make the CAM pictures too, from
