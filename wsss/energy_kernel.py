@@ -132,16 +132,25 @@ def is_interpreted() -> bool:
 
 
 TUNED_BLOCKS = (
-    (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS, 1),
-    (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS, 2),
-    (128, 32, 4, 2),
-    (64, 64, 4, 2),
-    (64, 128, 4, 2),
-    (128, 128, 8, 2),
+    (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS, 1, None),
+    (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS, 2, None),
+    (128, 32, 4, 2, None),
+    (64, 64, 4, 2, None),
+    (64, 128, 4, 2, None),
+    (128, 128, 8, 2, None),
+    (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS, 2, 128),
+    (64, 64, 4, 2, 128),
+    (128, 32, 4, 2, 168),
+    (128, 32, 8, 1, None),
+    (64, 32, 4, 1, None),
 )
-"""``(BLOCK_ROWS, BLOCK_COLS, num_warps, num_stages)`` that Triton's autotuner times on a GPU at the first call for each
-``(n, D, K)``, keeping the fastest (a configuration that does not fit the chip is skipped). Every one computes the
-same sums, in another order."""
+"""``(BLOCK_ROWS, BLOCK_COLS, num_warps, num_stages, maxnreg)`` that Triton's autotuner times on a GPU at the first call
+for each ``(n, D, K)``, keeping the fastest (a configuration that does not fit the chip is skipped). Every one computes
+the same sums, in another order. ``maxnreg`` caps the registers per thread (None: as ptxas chooses). The last five are
+for occupancy, compiled for sm_90a (``bench/kernel_registers.py``, whose test fails on a spill): the 128 x 64 tile at 8
+warps takes 129 registers, one more than lets an SM hold two of its programs, so an SM runs 8 of its warps at once;
+capped at 128 it holds 16, without spilling; the last two hold 16 and, with one stage, keep their ``wgmma`` unserialised
+(no ptxas warning C7515: the 128 x 64 tile's wait for each product before the next)."""
 _tuned_kernel = None
 
 
@@ -149,8 +158,8 @@ def _tuned():
     """The kernel behind Triton's autotuner over :data:`TUNED_BLOCKS` (made at the first compiled call)."""
     global _tuned_kernel
     if _tuned_kernel is None:
-        configs = [triton.Config({"BLOCK_ROWS": r, "BLOCK_COLS": c}, num_warps=w, num_stages=st)
-                   for r, c, w, st in TUNED_BLOCKS]  # fmt: skip
+        configs = [triton.Config({"BLOCK_ROWS": r, "BLOCK_COLS": c}, num_warps=w, num_stages=st, maxnreg=reg)
+                   for r, c, w, st, reg in TUNED_BLOCKS]  # fmt: skip
         _tuned_kernel = triton.autotune(configs=configs, key=["n", "D", "K2"])(_gaussian_filter_kernel)
     return _tuned_kernel
 
