@@ -1,6 +1,6 @@
 #!/bin/bash
-# The GPU figures issues 36 and 37 still need, beside what tools/gpu_check.py measures, in one call (about 5 minutes
-# on an H100, every step time-capped):
+# The GPU figures issues 36 and 37 still need, beside what tools/gpu_check.py measures, in one call (at most 8.5
+# minutes: every step is time-capped):
 #   bash bench/gpu_figures.sh [OUT]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. Runs each
 # command through the lent machine's kit (.gpu-kit/run.sh, ../shared/device/README.md) when that is present, else
