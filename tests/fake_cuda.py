@@ -189,7 +189,9 @@ class FakeCudaMode(TorchDispatchMode):
             return x
 
         _check_cuda_kernel_devices(func, args, kwargs)
-        reads_device = any(tag in func.tags for tag in SYNC_TAGS)
+        # aten.index.Tensor carries the tag for its boolean masks (nonzero); with integer indices its output shape is
+        # the indices' and nothing waits: FakeTensor raises for a mask below, and that counts
+        reads_device = func is not torch.ops.aten.index.Tensor and any(tag in func.tags for tag in SYNC_TAGS)
         real_kwargs = {k: "cpu" if k == "device" and _is_cuda(v) else to_real(v) for k, v in kwargs.items()}
         fake_args, fake_kwargs = tree_map(to_fake, args), tree_map(to_fake, kwargs)
         with self.fake_mode:

@@ -50,6 +50,22 @@ def test_host_reads_raise_in_a_no_sync_region_and_give_values_outside(read):
     assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
 
 
+@needs_fake_cuda
+def test_indexing_with_integer_device_indices_waits_for_nothing():
+    """An integer index's output has the index's shape: no host read (a boolean mask's is a sync, above)."""
+    x = torch.arange(12, dtype=torch.float32).view(4, 3) - 5
+    rows = torch.tensor([3, 0, 3])
+    with fake_cuda() as mode:
+        y, index = x.to("cuda"), rows.to("cuda")
+        with no_sync(mode):
+            picked, pairs = y[index], y[index, index % 3]
+            y[index[:1]] = 7.0
+        got = picked.cpu(), pairs.cpu(), y.cpu()
+    want = x[rows], x[rows, rows % 3]
+    x[rows[:1]] = 7.0
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[2], x)
+
+
 UPLOADS = {
     "to": lambda x: x.to("cuda"),
     "tensor": lambda x: torch.tensor(x.tolist(), device="cuda"),
