@@ -16,6 +16,7 @@ mkdir -p "$out" && cd "$repo" || exit 2
 if [ -f .gpu-kit/run.sh ]; then runner=(bash .gpu-kit/run.sh python3)
 elif [ -x .venv/bin/python ]; then runner=(.venv/bin/python)
 else runner=(python3); fi
+parallel=(); "${runner[@]}" -c "import xdist" 2> /dev/null && parallel=(-n 8)  # pytest-xdist where installed
 step() {  # step NAME SECONDS ARGS...: one command, its output in OUT/NAME.log, its exit status in figures.md
   local name=$1 limit=$2; shift 2
   local start=$SECONDS
@@ -35,7 +36,7 @@ step infer_voc 75 bench/bench_inference.py --device cuda --case voc --num 128 --
 step infer_coco 75 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 8 \
   --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0
 step crf 60 bench/bench_crf.py --cuda-only --cuda-batches 1 16
-step tests 150 -m pytest -q -p no:cacheprovider -o addopts= -n 8 -rfEs tests/inference/test_crf_kernels.py \
+step tests 150 -m pytest -q -p no:cacheprovider -o addopts= "${parallel[@]}" -rfEs tests/inference/test_crf_kernels.py \
   tests/test_par_kernel.py tests/test_energy_kernel.py tests/engine/test_cuda_step.py \
   tests/inference/test_cuda_inference.py tests/engine/test_graphs.py
 cat "$out/figures.md"
