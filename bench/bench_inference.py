@@ -29,6 +29,13 @@ host's serial share, at each ``--write-threads`` count.
 
 ``--case coco``: 640 x 480 images and ``configs/coco_centered.py`` (81 classes) by default, the COCO-sized case.
 
+``--memory``: each mode runs once more, untimed, and its peak memory is printed: on CUDA the most the loop allocated
+on the device (``torch.cuda.max_memory_allocated`` above what was allocated before it: the model it loads, its
+batches, the CRF); on a CPU the CPU's stand-in for that figure, the most this process's tensors held at once during
+the run (the allocator's events under ``torch.profiler``), with the CRF in this process and its images grouped into
+runs by the memory budget alone, as on a GPU (``infer.crf.kernel=torch`` there: the GPU's Triton kernels need no more),
+and the host's own tensors (decoded images, masks copied back) counted too.
+
 CRF pool: the dense CRF alone (C = number of classes of the first config, probabilities made from the
 toy masks: 0.6 on the true class, the rest spread evenly; 10 iterations) over every image, serially in
 the calling process and in pools of 1..``--max-workers`` processes; speed-up = serial time / pool time.
@@ -46,6 +53,7 @@ Usage::
     python bench/bench_inference.py --case coco --num 8 --rows loop
     python bench/bench_inference.py --rows "loop alone" --write-threads 0 2 --num 48 --repeats 3
     python bench/bench_inference.py --rows "loop alone" --modes single --outputs gallery --num 48
+    python bench/bench_inference.py --case coco --rows loop --modes ms+flip+crf --memory --num 16 --batch-size 16
 """
 
 from __future__ import annotations
@@ -61,18 +69,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from wsss.config import Config, CrfConfig, load_config
 from wsss.data.classes import load_classes
 from wsss.data.toy.render import TOY_CLASSES, generate_sample
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.checkpoint import save_checkpoint
+from wsss.inference import crf as crf_module
 from wsss.inference.crf import CrfPool, crf_labels
 from wsss.inference.folder.loop import InferenceLoop
 from wsss.inference.folder.runner import InferenceOptions, run_inference
@@ -114,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--write-threads", type=int, nargs="+", default=[InferenceOptions.write_threads],
                         help="the loop rows at each count of writing threads (tools/infer.py --write-threads)")
     parser.add_argument("--nproc", type=int, nargs="+", help="time tools/infer.py under torchrun at these rank counts")
+    parser.add_argument("--memory", action="store_true",
+                        help="each mode's peak memory (CUDA: allocated on the device; CPU: its stand-in)")  # fmt: skip
     args = parser.parse_args(argv)
     size, configs = CASES[args.case]
     args.size = tuple(args.size or size)
@@ -209,17 +221,57 @@ def time_loop(
     InferenceLoop.run = timed_run
     try:
         for _ in range(repeats):
-            infer = {"infer.mask_classes": args.mask_classes} if args.mask_classes else {}
-            opts = InferenceOptions(**MODES[mode], batch_size=args.batch_size, overwrite=True,
-                                    crf_workers=args.crf_workers, write_threads=write_threads, progress=False,
-                                    cfg_options=infer, **dict.fromkeys(args.outputs, True))  # fmt: skip
-            summary = run_inference(ckpt, images, out, options=opts, device=args.device)
+            summary = run_inference(ckpt, images, out, options=loop_options(mode, args, write_threads),
+                                    device=args.device)  # fmt: skip
             assert summary.done == args.num and not summary.skipped, summary.format()
             if summary.seconds < best:
                 best, best_cpu = summary.seconds, spent[-1]
     finally:
         InferenceLoop.run = original
     return best, best_cpu
+
+
+def loop_options(mode: str, args: argparse.Namespace, write_threads: int, **more) -> InferenceOptions:
+    """The loop's options for ``mode`` (``more`` overrides)."""
+    infer = {"infer.mask_classes": args.mask_classes} if args.mask_classes else {}
+    return InferenceOptions(**{**MODES[mode], "batch_size": args.batch_size, "overwrite": True,
+                               "crf_workers": args.crf_workers, "write_threads": write_threads, "progress": False,
+                               "cfg_options": infer, **dict.fromkeys(args.outputs, True), **more})  # fmt: skip
+
+
+def peak_allocated(events) -> int:
+    """The most bytes held at once, from the allocator's ``[memory]`` events of a ``torch.profiler`` run (each a
+    signed size; the sum from the profile's start)."""
+    held = peak = 0
+    for _, size in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+        held += size
+        peak = max(peak, held)
+    return peak
+
+
+def peak_memory(ckpt: Path, images: Path, out: Path, mode: str, args: argparse.Namespace) -> int:
+    """Bytes: the most the loop allocated at once in one more run of ``mode`` (the module docstring, ``--memory``)."""
+    cuda = torch.device(args.device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        options = loop_options(mode, args, InferenceOptions.write_threads)
+    else:  # the CRF here, its runs as a GPU's; PyTorch's products (Triton's kernels would run in the interpreter)
+        infer = {"infer.crf.kernel": "torch"} | ({"infer.mask_classes": args.mask_classes} if args.mask_classes else {})
+        options = loop_options(mode, args, InferenceOptions.write_threads, crf_workers=0, cfg_options=infer)
+    cpu_runs = crf_module.CPU_RUN_PIXELS
+    crf_module.CPU_RUN_PIXELS = None
+    try:
+        with nullcontext() if cuda else profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            summary = run_inference(ckpt, images, out, options=options, device=args.device)
+    finally:
+        crf_module.CPU_RUN_PIXELS = cpu_runs
+    assert summary.done == args.num and not summary.skipped, summary.format()
+    if cuda:
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    return peak_allocated(prof.profiler.kineto_results.events())
 
 
 def time_model(model: torch.nn.Module, mode: str, args: argparse.Namespace) -> float:
@@ -243,9 +295,9 @@ def time_model(model: torch.nn.Module, mode: str, args: argparse.Namespace) -> f
 
 def bench_config(
     config: str, args: argparse.Namespace, images: Path, work: Path
-) -> list[tuple[str, str, float, float]]:
+) -> tuple[list[tuple[str, str, float, float]], list[tuple[str, int]]]:
     """(row, mode, seconds for ``--num`` images, the loop thread's CPU seconds or NaN) of each ``--rows`` x
-    ``--modes``."""
+    ``--modes``; and with ``--memory`` (mode, peak bytes) of each mode."""
     cfg = load_config(config, {"model.pretrained": ""})
     classes = config_classes(cfg)
     model = build_model(cfg.model, num_classes=len(classes))
@@ -253,7 +305,7 @@ def bench_config(
     ckpt = work / f"{Path(config).stem}.pth"
     save_checkpoint(ckpt, model, cfg, classes, mean, std, step=0)
     model = model.to(args.device).eval()
-    rows = []
+    rows, memory = [], []
     for mode in args.modes:
         out = work / f"out_{Path(config).stem}_{mode}"
         for row in args.rows:
@@ -271,7 +323,10 @@ def bench_config(
                 rows.append((name, mode, seconds, cpu))
                 rate = f"{args.num / seconds:.3f} images/s ({seconds:.2f} s)"
                 print(f"  {Path(config).name} {mode} {name}: {rate}", flush=True)
-    return rows
+        if args.memory:
+            memory.append((mode, peak_memory(ckpt, images, out, mode, args)))
+            print(f"  {Path(config).name} {mode} peak memory: {memory[-1][1] / 2**20:.0f} MiB", flush=True)
+    return rows, memory
 
 
 def bench_ranks(config: str, args: argparse.Namespace, images: Path, work: Path) -> list[tuple[str, int, float]]:
@@ -347,15 +402,22 @@ def main(argv: list[str] | None = None) -> int:
                           f"({ranks / args.nproc[0]:.0f}x) |")  # fmt: skip
             print(f"load average after: {os.getloadavg()[0]:.1f}")
             return 0
-        table = []
+        table, memory = [], []
         for config in args.configs:
-            table += [(config, *row) for row in bench_config(config, args, images, tmp)]
+            rows, peaks = bench_config(config, args, images, tmp)
+            table += [(config, *row) for row in rows]
+            memory += [(config, *peak) for peak in peaks]
         print("\n| config | mode | what | images/s | ms / image | loop thread CPU ms / image |")
         print("|---|---|---|---:|---:|---:|")
         for config, row, mode, seconds, cpu in table:
             thread = "-" if math.isnan(cpu) else f"{cpu / args.num * 1000:.1f}"
             rate = f"{args.num / seconds:.3f} | {seconds / args.num * 1000:.1f}"
             print(f"| {config} | {mode} | {row} | {rate} | {thread} |")
+        if memory:
+            what = "allocated on the device" if torch.device(args.device).type == "cuda" else "the CPU's stand-in"
+            print(f"\n| config | mode | batch size | peak MiB ({what}) |\n|---|---|---:|---:|")
+            for config, mode, peak in memory:
+                print(f"| {config} | {mode} | {args.batch_size} | {peak / 2**20:.0f} |")
         if args.max_workers < 1 or importlib.util.find_spec("pydensecrf") is None:
             return 0
         pool_rows = bench_pool(pairs, args.max_workers)

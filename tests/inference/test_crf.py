@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -442,6 +443,29 @@ def test_on_the_cpu_large_images_run_one_by_one(monkeypatch):
     assert runs == [3, 1, 1]
     alone = dense_crf(*large[1], cfg)
     np.testing.assert_allclose(out[-1].numpy(), alone, rtol=0, atol=1e-6)
+
+
+def test_the_pools_batch_lets_each_runs_marginals_go_before_the_next_run(monkeypatch):
+    """The torch backend's batch in the calling process (a GPU's CRF, CrfPool.submit_batch) keeps each image's labels,
+    not its marginals: when a run starts, no earlier run's marginals are held any more (the batch's full-size float
+    maps at once would grow with the batch: 100 MB per COCO image at 81 classes). The labels are each image's own."""
+    made, held = [], []
+    real = crf_module._mean_field
+
+    def spy(images, probs, cfg, dtype):
+        held.append(sum(ref() is not None for ref in made))
+        out = real(images, probs, cfg, dtype)
+        made.extend(weakref.ref(q) for q in out)
+        return out
+
+    monkeypatch.setattr(crf_module, "_mean_field", spy)
+    cases = [colour_noise_case(seed=k, height=crf_module.CPU_RUN_PIXELS // 256, width=256) for k in range(3)]
+    cfg = CrfConfig(iterations=2)
+    with CrfPool(cfg, workers=0) as pool:
+        labels = [f.result() for f in pool.submit_batch([i for i, _ in cases], [torch.from_numpy(p) for _, p in cases])]
+    assert held == [0, 0, 0] and len(made) == 3  # one image per run on the CPU (CPU_RUN_PIXELS)
+    for (image, probs), got in zip(cases, labels, strict=True):
+        np.testing.assert_array_equal(got, crf_labels(image, probs, cfg))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import weakref
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -112,6 +113,37 @@ def test_the_crf_processes_take_their_cpus_from_the_model(trained, tmp_path, mon
         opts = InferenceOptions(crf=crf, crf_workers=2, num_workers=1, threads=threads, progress=False)
         assert run_inference(ckpt, inp, tmp_path / name, options=opts, device="cpu").done == 1
     assert calls == [(3, None), (3, 3)]
+
+
+def test_the_batchs_logits_are_let_go_before_its_crf_runs(trained, tmp_path, monkeypatch):
+    """A batch's full-size TTA logits (B x C x H x W floats) are not held while its CRF runs in the loop's own call
+    (on a GPU, or with --crf-workers 0): the CRF's memory budget is then what the call adds to the probabilities."""
+    from wsss.inference import crf as crf_module
+    from wsss.inference import predictor
+
+    root, ckpt = trained
+    inp = tmp_path / "in"
+    inp.mkdir()
+    for i in range(2):
+        Image.open(root / "JPEGImages" / f"train_{i:05d}.jpg").resize((64, 48)).save(inp / f"{i}.png")
+    logits, alive = [], []
+    real_tta, real_crf = predictor.tta_forward, crf_module.crf_labels
+
+    def tta(*args, **kwargs):
+        out = real_tta(*args, **kwargs)
+        logits.append(weakref.ref(out.seg))
+        return out
+
+    def crf(*args, **kwargs):
+        alive.append(sum(ref() is not None for ref in logits))
+        return real_crf(*args, **kwargs)
+
+    monkeypatch.setattr(predictor, "tta_forward", tta)
+    monkeypatch.setattr(crf_module, "crf_labels", crf)
+    opts = InferenceOptions(scales=(1.0,), flip=False, batch_size=2, crf=True, crf_workers=0, num_workers=0,
+                            progress=False, cfg_options={"infer.crf.iterations": 1})  # fmt: skip
+    assert run_inference(ckpt, inp, tmp_path / "out", options=opts).done == 2
+    assert len(logits) == 1 and alive == [0, 0]
 
 
 @pytest.mark.slow

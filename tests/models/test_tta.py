@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_config
-from wsss.cam import multiscale_cam
-from wsss.models import ModelOutput, build_model, resize_to_image
+from wsss.cam import multiscale_cam, normalize_cams, scaled_size
+from wsss.models import ModelOutput, build_model, maps_to_pixels, resize_to_image
 from wsss.models.tta import predict_logits, tta_forward
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -89,3 +89,36 @@ def test_tta_cams_equal_multiscale_cam_and_batching_is_exact():
         single = tta_forward(model, images[i : i + 1], (1.0, 0.5, 1.5), True, cams=True)
         torch.testing.assert_close(single.seg, out.seg[i : i + 1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(single.cls_logits, out.cls_logits[i : i + 1], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def whole_batch_tta(model, images, scales, flip):
+    """The reference: every scale's maps of the whole batch brought to full size at once (seg, cls, cam)."""
+    b, _, h, w = images.shape
+    seg_max = cam_sum = None
+    cls_sum, passes = 0.0, 0
+    for s in scales:
+        size = scaled_size(s, (h, w))
+        x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+        x = torch.cat([x, x.flip(-1)]) if flip else x
+        out = model(x)
+        seg = maps_to_pixels(out.seg.float(), size, model.stride, (h, w))
+        seg = seg[:b] + seg[b:].flip(-1) if flip else seg
+        seg_max = seg if seg_max is None else torch.maximum(seg_max, seg)
+        cls_sum = cls_sum + (out.logits[:b] + out.logits[b:] if flip else out.logits)
+        passes += 2 if flip else 1
+        cam = maps_to_pixels(model.classifier.cam(out.features).float(), size, model.stride, (h, w))
+        cam = F.relu(torch.maximum(cam[:b], cam[b:].flip(-1)) if flip else cam)
+        cam_sum = cam if cam_sum is None else cam_sum + cam
+    return seg_max, cls_sum / passes, normalize_cams(cam_sum)
+
+
+@pytest.mark.parametrize("flip", [True, False])
+def test_one_image_at_a_time_equals_the_whole_batch_exactly(flip):
+    """tta_forward brings the maps to full size an image at a time (the memory of one image's, not the batch's):
+    the same numbers, to the bit, as the whole batch's maps at once."""
+    model = tiny_model(2)
+    images = torch.randn(3, 3, 29, 43)  # not multiples of the patch: the maps are cropped at every scale
+    out = tta_forward(model, images, (1.0, 0.75, 1.5), flip, cams=True)
+    seg, cls_logits, cam = whole_batch_tta(model, images, (1.0, 0.75, 1.5), flip)
+    assert torch.equal(out.seg, seg) and torch.equal(out.cls_logits, cls_logits) and torch.equal(out.cam, cam)

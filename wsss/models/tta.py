@@ -5,6 +5,11 @@ DESIGN.md section 3, "inference" (docs/design.md): per scale ``s`` the image is 
 run batched with its horizontal flip, the stride-16 logits are brought to the scaled image's extent with
 :func:`~wsss.models.segmentor.maps_to_pixels` (exact patch alignment, padding cropped), resized to ``(H, W)``,
 the flipped half un-flipped, and the two summed; the result is the elementwise max over scales.
+
+The model runs a scale's whole batch (and its flips) in one pass; its token-grid maps are then brought to full size
+one image (and its flip) at a time, into the outputs: the transient full-size maps are one image's at a time, not the
+batch's (at 3 scales + flip, 81 classes and 640 x 480 they were about 0.6 GB per image of the batch), and the numbers
+are the same to the bit (``tests/models/test_tta.py``).
 """
 
 from __future__ import annotations
@@ -67,28 +72,50 @@ def tta_forward(
     seg_max = cam_sum = None
     cls_sum = 0.0
     passes = 0
-    for s in scales:
+    for k, s in enumerate(scales):
+        first = k == 0
         size = scaled_size(s, (h, w))
         x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
         if flip:
             x = torch.cat([x, x.flip(-1)], dim=0)
         out = model(x)
-        seg = maps_to_pixels(out.seg.float(), size, model.stride, (h, w))
-        if flip:
-            seg = seg[:b] + seg[b:].flip(-1)
-        seg_max = seg if seg_max is None else torch.maximum(seg_max, seg)
         logits = out.logits.float()
         cls_sum = cls_sum + (logits[:b] + logits[b:] if flip else logits)
         passes += 2 if flip else 1
-        if cams:
-            cam = maps_to_pixels(model.classifier.cam(out.features).float(), size, model.stride, (h, w))
-            if flip:
-                cam = torch.maximum(cam[:b], cam[b:].flip(-1))
-            cam = F.relu(cam)
-            cam_sum = cam if cam_sum is None else cam_sum + cam
+        seg = out.seg.float()
+        cam = model.classifier.cam(out.features).float() if cams else None
+        if first:
+            seg_max = seg.new_empty(b, seg.shape[1], h, w)
+            cam_sum = None if cam is None else cam.new_empty(b, cam.shape[1], h, w)
+        # one image (and its flip) at a time: the full-size maps of one image at a time, not of the whole batch
+        for i in range(b):
+            pixels = _image_pixels(seg, i, b, flip, size, model.stride, (h, w), torch.add)
+            _fold(seg_max[i : i + 1], pixels, first, torch.maximum)
+            if cam is not None:
+                pixels = F.relu(_image_pixels(cam, i, b, flip, size, model.stride, (h, w), torch.maximum))
+                _fold(cam_sum[i : i + 1], pixels, first, torch.add)
     if cam_sum is not None:
         cam_sum = normalize_cams(cam_sum)
     return TTAOutput(seg=seg_max, cls_logits=cls_sum / passes, cam=cam_sum)
+
+
+def _fold(total: Tensor, part: Tensor, first: bool, combine) -> None:
+    """``total = part`` at the first scale, else ``combine(total, part)``, in place."""
+    if first:
+        total.copy_(part)
+    else:
+        combine(total, part, out=total)
+
+
+def _image_pixels(maps: Tensor, i: int, b: int, flip: bool, size: tuple[int, int], stride: int,
+                  out_size: tuple[int, int], combine) -> Tensor:  # fmt: skip
+    """Image ``i``'s (1, K, H, W) maps of one scale from the batch's token-grid ``maps`` ((2B or B, K, h, w): the
+    flipped images' after the B others): brought to the scaled image's extent and to ``out_size``
+    (:func:`~wsss.models.segmentor.maps_to_pixels`), its flip's un-flipped and joined to them by ``combine``."""
+    pixels = maps_to_pixels(maps[i : i + 1], size, stride, out_size)
+    if not flip:
+        return pixels
+    return combine(pixels, maps_to_pixels(maps[b + i : b + i + 1], size, stride, out_size).flip(-1))
 
 
 def predict_logits(

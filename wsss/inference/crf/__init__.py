@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
 
@@ -191,28 +191,26 @@ def _refine_one(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: Crf
     """The (C, h, w) float32 marginals of one checked image at :func:`working_size` (on ``probs``' device), and its
     (H, W)."""
     if cfg.backend == "torch":
-        return _refine_batch([image], [_tensor(probs, np.float32)], cfg, torch.float32)[0]
+        return next(_refine_batch([image], [_tensor(probs, np.float32)], cfg, torch.float32))
     image, small, run = _reduced(image, _tensor(probs, np.float32), cfg)
     q = torch.from_numpy(_pydensecrf(_numpy(image), _numpy(small), run))
     return q.to(probs.device) if isinstance(probs, Tensor) else q, tuple(probs.shape[1:])
 
 
 def _refine_batch(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], cfg: CrfConfig,
-                  dtype: torch.dtype) -> list[tuple[Tensor, tuple]]:  # fmt: skip
-    """(marginals at :func:`working_size`, (H, W)) of each checked image, in runs that fit the budget."""
-    if not probs:
-        return []
-    out = []
-    with torch.no_grad(), torch.autocast(probs[0].device.type, enabled=False):  # float32 products, no graph
-        cpu = probs[0].device.type == "cpu"
-        for run in _runs([tuple(p.shape) for p in probs], cfg, CPU_RUN_PIXELS if cpu else None):
+                  dtype: torch.dtype) -> Iterator[tuple[Tensor, tuple]]:  # fmt: skip
+    """(marginals at :func:`working_size`, (H, W)) of each checked image, in runs that fit the budget, a run at a time:
+    a caller that keeps less than the marginals (:func:`_torch_jobs`: the labels) holds one run's at once."""
+    cpu = bool(probs) and probs[0].device.type == "cpu"
+    for run in _runs([tuple(p.shape) for p in probs], cfg, CPU_RUN_PIXELS if cpu else None):
+        with torch.no_grad(), torch.autocast(probs[0].device.type, enabled=False):  # float32 products, no graph
             if len(run) == 1:  # alone: at a reduced resolution when over the budget
                 image, small, run_cfg = _reduced(images[run[0]], probs[run[0]], cfg)
                 q = _mean_field([image], [small], run_cfg, dtype)
             else:
                 q = _mean_field([images[k] for k in run], [probs[k] for k in run], cfg, dtype)
-            out += [(m, tuple(probs[k].shape[1:])) for m, k in zip(q, run, strict=True)]
-    return out
+        for k in run:  # each image's marginals handed over, and let go, in turn
+            yield q.pop(0), tuple(probs[k].shape[1:])
 
 
 def _runs(shapes: list[tuple[int, int, int]], cfg: CrfConfig, max_pixels: int | None = None) -> list[list[int]]:
@@ -599,7 +597,10 @@ def _torch_jobs(images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tenso
     ok = [k for k, future in enumerate(futures) if not future.done()]
     tensors = [_tensor(probs[k], np.float32) for k in ok]
     try:
-        labels = [_labels(*refined) for refined in _refine_batch([images[k] for k in ok], tensors, cfg, torch.float32)]
+        labels = []
+        for q, size in _refine_batch([images[k] for k in ok], tensors, cfg, torch.float32):
+            labels.append(_labels(q, size))
+            del q  # before the next run starts
         flat = torch.cat([m.reshape(-1) for m in labels]).cpu().numpy() if labels else None
     except Exception as err:  # delivered through the futures, as a pool would
         for k in ok:

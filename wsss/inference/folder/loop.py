@@ -294,6 +294,7 @@ class InferenceLoop:
                 jobs.append(((pred.cls_logits[i], src, paths, raw, small, cams[i], index), raw, probs))
             else:
                 self._finish(pred.cls_logits[i], src, paths, raw, small, cams[i], masks[i])
+        del pred  # the batch's logits: on a GPU the CRF below runs in this call, and needs only the probabilities
         if jobs:
             self.crf.submit(jobs)
         self._collect(block=False)
