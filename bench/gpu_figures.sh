@@ -1,6 +1,6 @@
 #!/bin/bash
 # The GPU figures issues 36 and 37 still need, beside what tools/gpu_check.py measures, in one call; every step is
-# time-capped (the default steps at most 8.5 minutes in all):
+# time-capped (the default steps at most 8.75 minutes in all):
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
 # all but suite) choose among:
@@ -8,7 +8,8 @@
 #                          pass in bf16, each stage eager and as a CUDA graph against its bound (the energy kernel's
 #                          autotuner picks its blocks here);
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37): the loop and the model alone, single scale,
-#                          ms + flip, + CRF;
+#                          ms + flip, + CRF; at COCO size (81 classes, every class: the reference) with the peak GPU
+#                          memory of each mode at batch 16;
 #   crf                    the CRF alone, both kernels, batch 1 and 16, with its peak CUDA memory;
 #   tests                  the Triton kernels' and the fake-CUDA tests on the real device;
 #   suite                  the whole test suite (issue 36: green on a GPU machine), at most 5 minutes.
@@ -44,8 +45,8 @@ for name in "${steps[@]}"; do
       --cfg-options train.cam_dtype=bfloat16 ;;
     infer_voc) step "$name" 75 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 8 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 ;;
-    infer_coco) step "$name" 75 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 8 \
-      --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 ;;
+    infer_coco) step "$name" 90 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
+      --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 ;;
     crf) step "$name" 60 bench/bench_crf.py --cuda-only --cuda-batches 1 16 ;;
     tests) step "$name" 150 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \
       tests/test_energy_kernel.py tests/engine/test_cuda_step.py tests/inference/test_cuda_inference.py \
