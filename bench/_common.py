@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 
 
@@ -18,3 +21,16 @@ def rss_bytes(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:
+    """Median seconds of ``fn()`` over ``repeats`` calls (after one warm-up call) and its last result."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        tic = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        times.append(time.perf_counter() - tic)
+    return statistics.median(times), out

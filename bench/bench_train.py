@@ -7,8 +7,9 @@
    on random crops at the paper setting: DeiT-S/16 with centered attention (``--config``), batch 4, 448 crops,
    3-scale + flip CAM, PAR pseudo labels, balanced CE, dense energy; it/s. With graphs, the same iterations eagerly
    too (same model and optimiser, after the graphed ones).
-2. Each stage alone, with the same inputs: forward + backward, the CAM pass, PAR pseudo labels, seg CE, the energy
-   loss (blocked, and on CUDA also the fused Triton kernel), the optimiser step; on CUDA also each stage captured
+2. Each stage alone, with the same inputs: forward + backward, the CAM pass, PAR pseudo labels, seg CE (its logits
+   resized by ``loss.seg_resize``, then by the other method), the energy loss (blocked, and on CUDA also the fused
+   Triton kernel), the optimiser step; on CUDA also each stage captured
    as a CUDA graph and replayed (its GPU time without the host's launches), beside its H100 lower bound from
    bench/step_on_paper.py.
 3. Peak memory (CUDA allocated; the process's peak RSS on a CPU).
@@ -25,13 +26,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import statistics
 import sys
 import time
 
 import torch
-import torch.nn.functional as F
-from _common import rss_bytes, synchronize
+from _common import rss_bytes, synchronize, timed
 from step_on_paper import stages as paper_bounds
 
 from wsss.cam import multiscale_cam
@@ -44,7 +43,7 @@ from wsss.engine.step import TrainingStep
 from wsss.engine.train import LossMeter, iteration, iteration_runner, to_device
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.losses import DenseEnergyLoss, balanced_seg_ce
-from wsss.models import build_model
+from wsss.models import PixelResize, build_model, maps_to_pixels
 from wsss.models.tta import tta_forward
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
 
@@ -71,19 +70,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     return args
-
-
-def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:
-    """Median seconds of ``fn()`` over ``repeats`` calls (after one warm-up call) and its last result."""
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        tic = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        times.append(time.perf_counter() - tic)
-    return statistics.median(times), out
 
 
 def timed_stage(fn, repeats: int, device: torch.device) -> tuple[float, float | None, object]:
@@ -225,19 +211,22 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
 
     stage(f"PAR pseudo labels ({cfg.par.num_iter} iterations, 2 thresholds)", "PAR", pseudo)
-    seg = torch.randn(b, num_classes, s // 16, s // 16, device=device, requires_grad=True)
+    stride = model.stride
+    seg = torch.randn(b, num_classes, s // stride, s // stride, device=device, requires_grad=True)
+    resizes = {"matmul": PixelResize(), "interpolate": maps_to_pixels}  # loss.seg_resize first, then the other
+    for method in sorted(resizes, key=lambda m: m != cfg.loss.seg_resize):
 
-    def seg_loss() -> None:
-        up = F.interpolate(seg, size=(s, s), mode="bilinear", align_corners=False)
-        balanced_seg_ce(up, targets.label, cfg.data.ignore_index).backward()
+        def seg_loss(to_pixels=resizes[method]) -> None:
+            up = to_pixels(seg, (s, s), stride)
+            balanced_seg_ce(up, targets.label, cfg.data.ignore_index).backward()
 
-    stage("seg CE forward + backward", None, seg_loss)
+        stage(f"seg CE forward + backward (logits resized by {method})", None, seg_loss)
     kernels = ("blocked", "fused") if device.type == "cuda" else ("blocked",)
     for kernel in kernels:
         energy = DenseEnergyLoss.from_config(dataclasses.replace(cfg.loss, reg_kernel=kernel), cfg.data.ignore_index)
 
         def energy_loss(energy=energy) -> torch.Tensor:
-            up = F.interpolate(seg, size=(s, s), mode="bilinear", align_corners=False)
+            up = step.to_pixels(seg, (s, s), stride)
             value = energy(targets.rgb * 255.0, up.softmax(dim=1), targets.valid, targets.label)
             value.backward()
             return value.detach()

@@ -14,7 +14,7 @@ from wsss.config import LossConfig
 from wsss.data.transforms import backbone_mean_std, denormalize
 from wsss.engine.step import TrainingStep, loss_weights
 from wsss.losses import DenseEnergyLoss, balanced_seg_ce
-from wsss.models import build_model
+from wsss.models import PixelResize, build_model
 from wsss.par import PAR
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
 
@@ -95,6 +95,28 @@ def test_step_terms_match_an_independent_computation(setup):
     ):
         assert not torch.allclose(wrong_energy, expected["reg"], rtol=1e-3)
     assert {0, 255} <= set(target.unique().tolist()) and (target > 0).logical_and(target < 255).any()
+
+
+def test_the_logits_resize_switch_changes_rounding_only(setup):
+    """``loss.seg_resize``: ``matmul`` (the default) and ``interpolate`` (the reference's call) give the same terms
+    and gradients in float32 rounding, each through its own resize."""
+    cfg, model, batch, mean, std = setup
+    results = {}
+    for method in ("matmul", "interpolate"):
+        resized = dataclasses.replace(cfg, loss=LossConfig(seg_resize=method))
+        step = TrainingStep(resized, mean, std, torch.device("cpu"))
+        assert isinstance(step.to_pixels, PixelResize) == (method == "matmul")
+        model.zero_grad()
+        loss, terms = step(model, model, batch, it=2001)
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        results[method] = {k: v.detach() for k, v in terms.items()}, grads
+    (terms_a, grads_a), (terms_b, grads_b) = results.values()
+    for k in terms_a:
+        torch.testing.assert_close(terms_a[k], terms_b[k], rtol=1e-5, atol=1e-7, msg=k)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert model.decoder.cls.weight.grad.abs().sum() > 0
 
 
 def test_step_before_the_switch_has_only_classification(setup):

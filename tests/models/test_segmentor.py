@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from wsss.config import AttentionConfig, ModelConfig
-from wsss.models import ModelOutput, WSSSModel, build_model, maps_to_pixels, resize_to_image
+from wsss.models import (
+    ModelOutput,
+    PixelResize,
+    WSSSModel,
+    bilinear_matrix,
+    build_model,
+    maps_to_pixels,
+    resize_to_image,
+)
 
 TINY_NAME = "vit_tiny_patch16_224"
 TINY = {"embed_dim": 64, "depth": 4, "num_heads": 4}
@@ -188,6 +197,71 @@ def test_maps_to_pixels_keeps_patches_aligned(width):
     # what the training CAM did before: the padded grid stretched over the image, off by up to a patch
     stretched = F.interpolate(maps, size=(16, width), mode="bilinear", align_corners=False)
     assert width % p == 0 or not torch.allclose(stretched[0, 0, 5, p // 2 : width - p // 2], inner)
+
+
+# (token grid, image size, stride, output size): the paper's 16x upsample; an image padded along its rows only, to its
+# own size and to another, and one padded along its columns only (the unpadded axis then takes two resizes, as
+# maps_to_pixels gives it); a downsample at stride 1 (CAMs already at the pixels); a one-token grid.
+PIXEL_CASES = [
+    ((28, 28), (448, 448), 16, None),
+    ((3, 4), (40, 64), 16, None),
+    ((3, 4), (40, 64), 16, (100, 75)),
+    ((3, 5), (48, 70), 16, (20, 50)),
+    ((7, 9), (7, 9), 1, (30, 40)),
+    ((1, 1), (16, 16), 16, (5, 3)),
+]
+
+
+@pytest.mark.parametrize(("grid", "image", "stride", "size"), PIXEL_CASES)
+def test_pixel_resize_is_maps_to_pixels_as_matrix_products(grid, image, stride, size):
+    """``loss.seg_resize="matmul"``: the same values and gradients as ``F.interpolate``'s resizes (against both
+    computed in float64, so neither rounding is the reference), in float32 rounding."""
+    g = torch.Generator().manual_seed(0)
+    maps = torch.randn(2, 3, *grid, generator=g, dtype=torch.float64)
+    expected = maps_to_pixels(maps, image, stride, size)
+    maps32 = maps.float().requires_grad_()
+    got = PixelResize()(maps32, image, stride, size)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=2e-6)
+    weights = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    (got * weights.float()).sum().backward()
+    maps64 = maps.clone().requires_grad_()
+    (maps_to_pixels(maps64, image, stride, size) * weights).sum().backward()
+    torch.testing.assert_close(maps32.grad.double(), maps64.grad, rtol=1e-6, atol=1e-4)
+
+
+def test_bilinear_matrix_weighs_as_interpolate():
+    """Each row holds ``1 - frac(s)`` and ``frac(s)`` at the sample's two neighbours (both on the last input past the
+    end), rows summing to 1: F.interpolate of the identity, in float64."""
+    for n_in, n_out in [(28, 448), (5, 3), (4, 9), (1, 6), (6, 6)]:
+        eye = torch.eye(n_in, dtype=torch.float64)[None]  # (1, n_in, n_in): column k holds input k alone
+        expected = F.interpolate(eye, size=n_out, mode="linear", align_corners=False)[0].T  # (n_out, n_in)
+        torch.testing.assert_close(bilinear_matrix(n_in, n_out).double(), expected, rtol=0, atol=1e-6)
+    assert torch.equal(bilinear_matrix(6, 6), torch.eye(6))
+
+
+def test_pixel_resize_makes_its_weights_once_per_shape():
+    """A training step resizes the same shapes every iteration: the weights are built at the first call only, then
+    each call is the two products."""
+    resize, maps = PixelResize(), torch.randn(1, 2, 3, 4)
+    names = []
+
+    class Names(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Names():
+        first = resize(maps, (48, 64), 16)
+    assert "arange.default" in names
+    names.clear()
+    with Names():
+        again = resize(maps, (48, 64), 16)
+    assert torch.equal(first, again)
+    assert [n for n in names if n in ("mm.default", "bmm.default", "arange.default")] == ["mm.default", "bmm.default"]
+    with Names():
+        resize(maps, (48, 64), 16, (20, 20))  # another output size: weights of its own
+    assert "arange.default" in names
 
 
 def test_cam_covers_exactly_the_input():

@@ -258,6 +258,11 @@ class LossConfig(Section):
     """How ``W S`` of the energy is evaluated, exactly either way: ``fused`` (one Triton kernel, no tile of ``W``
     in memory; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``blocked`` (tiles in PyTorch, any device) or
     ``auto`` (fused on CUDA when triton is installed, blocked elsewhere)."""
+    seg_resize: str = choice("matmul", "interpolate")
+    """How the decoder's logits are brought to the crop's pixels for the seg and energy losses, the same bilinear
+    resize either way (float32 rounding apart): ``matmul`` (one product per axis, :class:`wsss.models.PixelResize`,
+    whose backward is two more) or ``interpolate`` (the reference's ``F.interpolate``, whose backward on CUDA adds
+    into the logits with atomics, up to 1,600 on one logit from the paper's 16x upsample; docs/reference.md)."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ accumulate them and synchronise once per log interval.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from wsss.cam import multiscale_cam
 from wsss.config import Config, LossConfig
 from wsss.data.transforms import channel_constants, denormalize
 from wsss.losses import DenseEnergyLoss, balanced_seg_ce, multilabel_soft_margin
-from wsss.models.segmentor import ModelOutput, WSSSModel, maps_to_pixels
+from wsss.models.segmentor import ModelOutput, PixelResize, WSSSModel, maps_to_pixels
 from wsss.par import PAR
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
 
@@ -109,6 +110,7 @@ def loss_terms(
     targets: PseudoTargets | None = None,
     energy: DenseEnergyLoss | None = None,
     ignore_index: int | None = None,
+    to_pixels: Callable[..., Tensor] = maps_to_pixels,
 ) -> dict[str, Tensor]:
     """The unweighted loss terms (scalars, float32) of one forward pass.
 
@@ -119,6 +121,8 @@ def loss_terms(
         targets: The pseudo labels; without them only ``cls`` and ``aux`` are computed.
         energy: The dense energy loss; without it ``reg`` is not computed.
         ignore_index: Pseudo-label value excluded from ``seg``.
+        to_pixels: What brings ``out.seg`` to the crop's pixels: :func:`~wsss.models.segmentor.maps_to_pixels` or a
+            :class:`~wsss.models.segmentor.PixelResize` (``loss.seg_resize``).
 
     Returns:
         ``cls`` and ``aux`` (multi-label soft margin of the final and aux classifiers), and with targets
@@ -130,7 +134,7 @@ def loss_terms(
         "aux": multilabel_soft_margin(out.aux_logits.float(), labels),
     }
     if targets is not None:
-        seg = maps_to_pixels(out.seg.float(), tuple(targets.label.shape[-2:]), stride)
+        seg = to_pixels(out.seg.float(), tuple(targets.label.shape[-2:]), stride)
         terms["seg"] = balanced_seg_ce(seg, targets.label, ignore_index)
         if energy is not None:
             terms["reg"] = energy(targets.rgb * 255.0, seg.softmax(dim=1), targets.valid, targets.label)
@@ -157,6 +161,7 @@ class TrainingStep:
         self.mean, self.std = channel_constants(mean, device), channel_constants(std, device)  # uploaded once
         self.par = PAR.from_config(cfg.par).to(device)
         self.energy = DenseEnergyLoss.from_config(cfg.loss, cfg.data.ignore_index)
+        self.to_pixels = PixelResize() if cfg.loss.seg_resize == "matmul" else maps_to_pixels
         self.amp = cfg.train.amp and device.type == "cuda"
         self.cam_autocast = self.amp and cfg.train.cam_dtype == "bfloat16"
         self.autocast_cache = True
@@ -187,7 +192,9 @@ class TrainingStep:
         dense = weights["seg"] > 0 or weights["reg"] > 0
         targets = self.targets(raw_model, batch) if dense else None
         energy = self.energy if weights["reg"] > 0 else None
-        terms = loss_terms(out, batch["label"], raw_model.stride, targets, energy, self.cfg.data.ignore_index)
+        terms = loss_terms(
+            out, batch["label"], raw_model.stride, targets, energy, self.cfg.data.ignore_index, self.to_pixels
+        )
         loss = total_loss(terms, weights)
         if not dense:  # keep the decoder in the graph so DDP sees a (zero) gradient for every parameter
             loss = loss + 0.0 * out.seg.float().sum()

@@ -22,7 +22,15 @@ from wsss.models.backbone import (
 from wsss.models.builder import attention_args, build_model, build_model_backbone
 from wsss.models.contranorm import ContraNorm, ContraNormBlock
 from wsss.models.heads import Classifier, LargeFOV
-from wsss.models.segmentor import ModelOutput, WSSSModel, cover_image, maps_to_pixels, resize_to_image
+from wsss.models.segmentor import (
+    ModelOutput,
+    PixelResize,
+    WSSSModel,
+    bilinear_matrix,
+    cover_image,
+    maps_to_pixels,
+    resize_to_image,
+)
 from wsss.models.tta import TTAOutput, predict_logits, predicted_classes, tta_forward
 from wsss.models.variants import ATTENTION_VARIANTS, build_attention, get_variant, set_fused_attention
 
@@ -38,6 +46,7 @@ __all__ = [
     "LargeFOV",
     "ModelOutput",
     "NeuTRENOAttention",
+    "PixelResize",
     "TTAOutput",
     "VanillaAttention",
     "VariantAttention",
@@ -45,6 +54,7 @@ __all__ = [
     "WSSSModel",
     "apply_attention_variant",
     "attention_args",
+    "bilinear_matrix",
     "build_attention",
     "build_backbone",
     "build_model",

@@ -4,6 +4,8 @@ Inputs of any size work (see :mod:`wsss.models.backbone`): sizes that are not mu
 ``p`` (16 for DeiT-S/16) are zero-padded on the right and bottom, and every map :meth:`WSSSModel.forward`
 returns is on the ``ceil(H / p) x ceil(W / p)`` token grid of the padded image. :func:`resize_to_image` brings
 such a map back to the exact pixels of the input; :func:`cover_image` does so only where padding happened.
+:func:`maps_to_pixels` resizes with ``F.interpolate(..., mode="bilinear", align_corners=False)``; :class:`PixelResize`
+computes the same function as one matrix product per axis, whose backward needs no atomics on CUDA.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from torch import nn
 from wsss.models.backbone import ViTBackbone
 from wsss.models.heads import Classifier, LargeFOV
 
-__all__ = ["ModelOutput", "WSSSModel", "cover_image", "maps_to_pixels", "resize_to_image"]
+__all__ = [
+    "ModelOutput",
+    "PixelResize",
+    "WSSSModel",
+    "bilinear_matrix",
+    "cover_image",
+    "maps_to_pixels",
+    "resize_to_image",
+]
 
 
 @dataclass
@@ -158,3 +168,53 @@ def maps_to_pixels(
     if tuple(maps.shape[-2:]) != size:
         maps = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
     return maps
+
+
+def bilinear_matrix(n_in: int, n_out: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The (n_out, n_in) float32 weights of a bilinear resize along one axis, ``align_corners=False``.
+
+    Output ``o`` samples the input at ``s = (o + 0.5) * n_in / n_out - 0.5``, clamped to ``[0, n_in - 1]``, with
+    weight ``max(0, 1 - |s - i|)`` on input ``i``: ``1 - frac(s)`` and ``frac(s)`` on its two neighbours, as
+    ``F.interpolate`` weighs them (which puts both on the last input past the end, where the clamp puts 1).
+    """
+    src = (torch.arange(n_out, dtype=torch.float32, device=device) + 0.5) * (n_in / n_out) - 0.5
+    offsets = src.clamp(0, n_in - 1)[:, None] - torch.arange(n_in, dtype=torch.float32, device=device)
+    return (1 - offsets.abs()).clamp(min=0)
+
+
+class PixelResize:
+    """:func:`maps_to_pixels` as ``rows @ maps @ cols.T``: each axis's resizes (and crop) folded into one matrix.
+
+    The same function, rounded in another order (float32 weights, products in the maps' dtype: TF32 on a GPU under
+    ``torch.set_float32_matmul_precision("high")``). Its backward is two matrix products, where ``F.interpolate``'s
+    adds each output pixel's gradient into its four inputs with CUDA atomics: from the paper's 16x upsample up to 1,600
+    adds land on one logit, serialised, in an order that changes from run to run. The weights are made once
+    per shape, device and dtype and held (a training step resizes the same shapes every iteration).
+    """
+
+    def __init__(self) -> None:
+        self._weights: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(
+        self, maps: torch.Tensor, image_size: tuple[int, int], stride: int, size: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """(B, K, h, w) token-grid maps -> (B, K, *size) pixels, as :func:`maps_to_pixels`."""
+        size = tuple(image_size if size is None else size)
+        key = (tuple(maps.shape[-2:]), tuple(image_size), stride, size, maps.device, maps.dtype)
+        if key not in self._weights:
+            padded = image_size[0] % stride != 0 or image_size[1] % stride != 0
+            self._weights[key] = tuple(
+                self._axis(n, image_size[i], size[i], stride, padded, maps.device).to(maps.dtype)
+                for i, n in enumerate(maps.shape[-2:])
+            )
+        rows, cols = self._weights[key]
+        return rows @ (maps @ cols.T)
+
+    @staticmethod
+    def _axis(n_grid: int, n_image: int, n_out: int, stride: int, padded: bool, device: torch.device) -> torch.Tensor:
+        """(n_out, n_grid) weights of one axis: :func:`cover_image` (to the padded pixels, cropped to the image,
+        where either axis was padded), then the resize to ``n_out`` where the sizes differ."""
+        if not padded:
+            return bilinear_matrix(n_grid, n_out, device)
+        cover = bilinear_matrix(n_grid, n_grid * stride, device)[:n_image]
+        return cover if n_image == n_out else bilinear_matrix(n_image, n_out, device) @ cover
