@@ -20,7 +20,7 @@ def test_an_unreadable_image_is_skipped_with_one_wording(tmp_path: Path):
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"\xff\xd8\xff not really a jpeg")
     setup = LoopSetup(segmenter=None, output=tmp_path / "out", scales=(1.0,), flip=False, max_size=0,
-                      logits_stride=4, batch_size=1, num_workers=0, write_threads=0, progress=False,
+                      logits_stride=4, batch_size=1, batch_pixels=1, num_workers=0, write_threads=0, progress=False,
                       cams=False)  # fmt: skip
     loop = InferenceLoop(setup, crf=None)
     loop.run([(Source("bad.jpg", bad), {})])

@@ -13,10 +13,12 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from tools import eval as eval_cli
 from tools import infer as infer_cli
+from wsss.config import InferConfig
 from wsss.data.toy.render import TOY_CLASSES
 from wsss.inference.folder import loop, runner
 from wsss.inference.folder.runner import InferenceOptions, run_inference
@@ -144,6 +146,45 @@ def test_the_batchs_logits_are_let_go_before_its_crf_runs(trained, tmp_path, mon
                             progress=False, cfg_options={"infer.crf.iterations": 1})  # fmt: skip
     assert run_inference(ckpt, inp, tmp_path / "out", options=opts).done == 2
     assert len(logits) == 1 and alive == [0, 0]
+
+
+def test_the_batch_size_comes_from_the_config_within_its_pixel_budget(trained, tmp_path, monkeypatch):
+    """Without ``batch_size`` the run takes ``infer.batch_size`` on a GPU (so ``tools/test.py`` batches there) and
+    ``infer.cpu_batch_size`` on the CPU, and a batch never holds more than ``infer.batch_pixels`` pixels;
+    ``batch_size`` (``--batch-size``) sets the image count on any device."""
+    from wsss.inference import predictor
+
+    infer = InferConfig(batch_size=5, cpu_batch_size=2)
+    devices = ("cuda", "cuda:1", torch.device("cuda"), "cpu")
+    assert [runner.default_batch_size(infer, device) for device in devices] == [5, 5, 5, 2]
+
+    root, ckpt = trained
+    inp = tmp_path / "in"
+    inp.mkdir()
+    toy = sorted((root / "JPEGImages").glob("*.jpg"))
+    for i in range(7):
+        Image.open(toy[i % len(toy)]).resize((40, 30)).save(inp / f"{i}.png")
+    sizes, real = [], predictor.Segmenter.run_batch
+
+    def run_batch(self, images, *args, **kwargs):
+        sizes.append(len(images))
+        return real(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(predictor.Segmenter, "run_batch", run_batch)
+    base = {"scales": (1.0,), "flip": False, "num_workers": 0, "progress": False, "overwrite": True}
+    for batch_size, cfg_options, expected in (
+        (None, {"infer.cpu_batch_size": 3}, [3, 3, 1]),
+        (None, {"infer.cpu_batch_size": 3, "infer.batch_pixels": 2 * 40 * 30}, [2, 2, 2, 1]),
+        (None, {"infer.cpu_batch_size": 3, "infer.batch_pixels": 2 * 40 * 30 - 1}, [1] * 7),
+        (4, {"infer.cpu_batch_size": 3}, [4, 3]),
+        (None, {"infer.batch_size": 3}, [1] * 7),  # the default on the CPU: one at a time, whatever the GPU's
+    ):
+        sizes.clear()
+        opts = InferenceOptions(batch_size=batch_size, cfg_options=cfg_options, **base)
+        assert run_inference(ckpt, inp, tmp_path / "out", options=opts).done == 7
+        assert sizes == expected, (batch_size, cfg_options)
+    with pytest.raises(ValueError, match=r"^--batch-size: config key 'infer.batch_size': must be in \[1, 1024\]"):
+        run_inference(ckpt, inp, tmp_path / "out", options=InferenceOptions(batch_size=2000, **base))
 
 
 @pytest.mark.slow

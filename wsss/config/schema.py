@@ -396,6 +396,20 @@ class InferConfig(Section):
     px), COCO (640 px) and the 448 px training crops keep their own size. The outputs come back to full size in
     bands of ``max_size**2`` pixels, so no full-size float map is held (docs/benchmarks.md: that PNG peaks at 1.79
     GiB RSS, 6.20 GiB before)."""
+    batch_size: int = bounded(16, Range(1, 1024, why="ceiling 1024"))
+    """Most images of one size that run through the model together on a GPU in ``tools/infer.py`` and
+    ``tools/test.py`` (``--batch-size`` sets it for one run of ``tools/infer.py``, on any device); the masks are those
+    of one image at a time."""
+    cpu_batch_size: int = bounded(1, Range(1, 1024, why="ceiling 1024"))
+    """The same on the CPU, where batches gain nothing measurable (toy val, ``tools/test.py --tta --crf``: 4.10-4.18
+    images/s at 1, 4.15-4.18 at 16; docs/benchmarks.md) and one image at a time keeps the progress bar per image and
+    SIGTERM's wait to one image's longest operation."""
+    batch_pixels: int = bounded(16 * 640 * 480, Range(1, 2**31, why="ceiling 2^31"))
+    """Most pixels one such batch holds, counted at the size the model sees at scale 1 (after ``max_size``): images of
+    ``h x w`` pixels run ``min(batch_size, max(1, batch_pixels // (h w)))`` at a time. The default, 16 COCO-sized 640 x
+    480 images, runs VOC and COCO images 16 at a time and a 1024 x 1024 one 4 at a time, so a batch's memory stays
+    that of 16 COCO images (3,845 MiB at 3 scales + flip + CRF with every class; docs/benchmarks.md) whatever the
+    images' size."""
     crf: CrfConfig = field(default_factory=CrfConfig)
 
     def __post_init__(self) -> None:

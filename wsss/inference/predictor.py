@@ -69,7 +69,8 @@ from wsss.utils.fileio import image_to_rgb, read_image
 from wsss.utils.tensors import argmax, to_device
 
 __all__ = [
-    "BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "classes_shown", "longest_side", "row_bands",
+    "BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "classes_shown", "longest_side", "model_size",
+    "row_bands",
 ]  # fmt: skip
 
 _UNSET: Any = object()
@@ -118,6 +119,15 @@ def longest_side(max_size: int | None, scales: Sequence[float]) -> int:
     So the model never sees a side over ``MAX_SIDE``, whatever the source of the two settings."""
     ceiling = max(1, int(MAX_SIDE / max(scales)))
     return min(max_size, ceiling) if max_size else ceiling
+
+
+def model_size(size: tuple[int, int], max_size: int) -> tuple[int, int]:
+    """The (h, w) an image of ``size`` is brought to before the TTA scales: its own, or downscaled to ``max_size`` on
+    its longest side (:func:`longest_side`) where that is longer."""
+    if max(size) <= max_size:
+        return size
+    factor = max_size / max(size)
+    return max(1, round(size[0] * factor)), max(1, round(size[1] * factor))
 
 
 def classes_shown(mask: np.ndarray, count: int) -> np.ndarray:
@@ -412,10 +422,7 @@ class Segmenter:
         flip = self.cfg.flip if flip is None else flip
         max_size = longest_side(self.cfg.max_size if max_size is _UNSET else max_size, scales)
         size = tuple(images[0].shape[:2])
-        small = size
-        if max(size) > max_size:
-            factor = max_size / max(size)
-            small = (max(1, round(size[0] * factor)), max(1, round(size[1] * factor)))
+        small = model_size(size, max_size)
         x = torch.stack([self.model_input(raw, small, max_size**2) for raw in images])
         return BatchOutputs(tta_forward(self.model, x, scales, flip, cams=cams), size, max_size**2)
 

@@ -193,7 +193,8 @@ class LoopSetup:
         flip: Flip TTA.
         max_size: Longest side the model sees (0: the original size).
         logits_stride: Downscaling of the saved logits.
-        batch_size: Images per forward batch.
+        batch_size: Most images per forward batch.
+        batch_pixels: Most pixels per forward batch, at the size the model sees (:class:`SizeBuckets`).
         num_workers: Decoding processes.
         write_threads: Threads encoding and writing the files (:class:`FileWriters`).
         progress: Show a progress bar.
@@ -207,6 +208,7 @@ class LoopSetup:
     max_size: int
     logits_stride: int
     batch_size: int
+    batch_pixels: int
     num_workers: int
     write_threads: int
     progress: bool
@@ -239,7 +241,7 @@ class InferenceLoop:
             collate_fn=identity,
             worker_init_fn=functools.partial(die_with_parent, os.getpid()),
         )
-        buckets = SizeBuckets(self.setup.batch_size)
+        buckets = SizeBuckets(self.setup.batch_size, self.setup.batch_pixels, self.setup.max_size)
         self.bar = tqdm(total=len(todo), desc="infer", unit="img", dynamic_ncols=True, disable=not self.setup.progress)
         threads = self.setup.write_threads
         self.writers = FileWriters(threads, self.setup.batch_size + 2 * threads)

@@ -96,7 +96,7 @@ from typing import Any
 
 import torch
 
-from wsss.config import ConfigError, apply_options
+from wsss.config import ConfigError, InferConfig, apply_options
 from wsss.inference.folder.layout import OutputLayout
 from wsss.inference.folder.loop import CrfJobs, InferenceLoop, LoopSetup
 from wsss.inference.folder.merge import InferenceSummary, RankPart, merge_parts, stopped, write_run_files
@@ -107,7 +107,9 @@ from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
 from wsss.utils.startup import threads_beside
 
-__all__ = ["InferenceOptions", "InferenceSummary", "check_scales", "default_output", "run_inference"]
+__all__ = [
+    "InferenceOptions", "InferenceSummary", "check_scales", "default_batch_size", "default_output", "run_inference",
+]  # fmt: skip
 
 
 @dataclass
@@ -120,7 +122,9 @@ class InferenceOptions:
         crf: Refine the masks with the dense CRF (constants: the checkpoint's ``infer.crf``).
         overlay: Write mask overlays. cams: write CAM heatmaps. logits: write 1/4-size float16 logits.
         gallery: Write thumbnails and ``index.html`` (implies overlay and cams).
-        batch_size: Images per forward batch (same-size images only).
+        batch_size: Most images per forward batch (same-size images only; also at most ``infer.batch_pixels``
+            pixels); None takes ``infer.batch_size`` of the checkpoint's config on a GPU, ``infer.cpu_batch_size`` on
+            the CPU.
         overwrite: Redo images whose outputs exist.
         num_workers: Image decoding processes (0: in the main process).
         write_threads: Threads encoding and writing the outputs while the model goes on (0: in the main thread).
@@ -143,7 +147,7 @@ class InferenceOptions:
     cams: bool = False
     logits: bool = False
     gallery: bool = False
-    batch_size: int = 1
+    batch_size: int | None = None
     overwrite: bool = False
     num_workers: int = 2
     write_threads: int = 2
@@ -188,6 +192,11 @@ def check_scales(scales: Sequence[float], option: str) -> None:
     bad = [s for s in scales if not (math.isfinite(s) and s > 0)]
     if not scales or bad:
         raise ValueError(f"{option}: every scale must be a finite number > 0, got {list(scales)}")
+
+
+def default_batch_size(cfg: InferConfig, device: str | torch.device) -> int:
+    """``infer.batch_size`` on a GPU, ``infer.cpu_batch_size`` elsewhere."""
+    return cfg.batch_size if torch.device(device).type == "cuda" else cfg.cpu_batch_size
 
 
 def default_output(input_path: str | Path) -> Path:
@@ -248,12 +257,17 @@ def run_inference(
     flip = cfg.infer.flip if opts.flip is None else opts.flip
     max_size = cfg.infer.max_size if opts.max_size is None else opts.max_size
     workers = cfg.infer.crf.workers if opts.crf_workers is None else opts.crf_workers
-    try:  # the options pass the config's range checks too (the ceilings on scales, max_size and workers)
-        replace(cfg.infer, scales=scales, max_size=max_size, crf=replace(cfg.infer.crf, workers=workers))
-    except ConfigError as err:
-        given = [o for o, v in (("--scales", opts.scales), ("--max-size", opts.max_size),
-                                ("--crf-workers", opts.crf_workers)) if v is not None]  # fmt: skip
-        raise ConfigError(f"{', '.join(given)}: {err}") from None
+    batch_size = default_batch_size(cfg.infer, device) if opts.batch_size is None else opts.batch_size
+    try:  # the options pass the config's range checks too (the ceilings on scales, max_size, workers, batch size)
+        replace(cfg.infer, scales=scales, max_size=max_size, batch_size=batch_size,
+                crf=replace(cfg.infer.crf, workers=workers))  # fmt: skip
+    except ConfigError as err:  # named by the options given whose keys the error names
+        given = [(option, key) for option, key, value in (
+            ("--scales", "infer.scales", opts.scales), ("--max-size", "infer.max_size", opts.max_size),
+            ("--crf-workers", "infer.crf.workers", opts.crf_workers),
+            ("--batch-size", "infer.batch_size", opts.batch_size)) if value is not None]  # fmt: skip
+        named = [option for option, key in given if f"'{key}'" in str(err)] or [option for option, _ in given]
+        raise ConfigError(f"{', '.join(named)}: {err}") from None
     max_size = longest_side(max_size, scales)  # 0 (no cap of its own) still keeps the model within MAX_SIDE
     listing = list_inputs(input_path, layout, split, list_path, (cfg.data.mask_dir, "SegmentationClass"),
                           opts.follow_symlinks)  # fmt: skip
@@ -275,15 +289,15 @@ def run_inference(
     part = RankPart()
     todo, part.existing, part.skipped = split_done(own_shard(listing.sources), layout, listing.inputs, opts.overwrite)
     with ExitStack() as stack:  # the CRF workers start before the model exists (see CrfPool)
-        crf = CrfJobs(stack, cfg.infer.crf, opts.crf_workers, opts.batch_size, device) if opts.crf and todo else None
+        crf = CrfJobs(stack, cfg.infer.crf, opts.crf_workers, batch_size, device) if opts.crf and todo else None
         if crf is not None and crf.pool.workers:  # their CPUs are not the model's
             threads_beside(opts.num_workers + crf.pool.workers, opts.threads)
         setup = LoopSetup(
             segmenter=Segmenter.from_checkpoint(ckpt, device, cfg.infer, checkpoint), output=layout.root,
             scales=scales,
-            flip=flip, max_size=max_size, logits_stride=cfg.infer.logits_stride, batch_size=opts.batch_size,
-            num_workers=opts.num_workers, write_threads=opts.write_threads, progress=opts.progress,
-            cams="cams" in layout.kinds,
+            flip=flip, max_size=max_size, logits_stride=cfg.infer.logits_stride, batch_size=batch_size,
+            batch_pixels=cfg.infer.batch_pixels, num_workers=opts.num_workers, write_threads=opts.write_threads,
+            progress=opts.progress, cams="cams" in layout.kinds,
         )  # fmt: skip
         loop = InferenceLoop(setup, crf)
         tic = time.perf_counter()
