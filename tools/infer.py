@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         help="longest side the model sees, 0: no cap of its own (2048 px / the largest scale; default: infer.max_size)",
     )  # fmt: skip
     parser.add_argument("--batch-size", type=int, help="most same-size images per forward batch (default: "
-                        "infer.batch_size; and at most infer.batch_pixels pixels)")
+                        "infer.batch_size on a GPU, infer.cpu_batch_size on the CPU; within infer.batch_pixels)")
     parser.add_argument("--workers", type=int, default=2, help="image decoding processes per rank")
     parser.add_argument("--write-threads", type=int, default=2, help="threads encoding and writing the outputs")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")
