@@ -7,9 +7,9 @@
 #   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the CAM
 #                          pass in bf16, each stage eager and as a CUDA graph against its bound (the energy kernel's
 #                          autotuner picks its blocks here);
-#   infer_voc, infer_coco  inference at VOC and COCO size (issue 37): the loop and the model alone, single scale,
-#                          ms + flip, + CRF; at COCO size (81 classes, every class: the reference) with the peak GPU
-#                          memory of each mode at batch 16;
+#   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
+#                          loop and the model alone, single scale, ms + flip, + CRF; at COCO size (81 classes, every
+#                          class: the reference) with the peak GPU memory of each mode;
 #   crf                    the CRF alone, both kernels, batch 1 and 16, with its peak CUDA memory;
 #   tests                  the Triton kernels' and the fake-CUDA tests on the real device;
 #   suite                  the whole test suite (issue 36: green on a GPU machine), at most 5 minutes.
@@ -43,7 +43,7 @@ for name in "${steps[@]}"; do
       --repeats 3 ;;
     train_bf16) step "$name" 90 bench/bench_train.py --device cuda --steps 30 --repeats 3 \
       --cfg-options train.cam_dtype=bfloat16 ;;
-    infer_voc) step "$name" 75 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 8 \
+    infer_voc) step "$name" 75 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 ;;
     infer_coco) step "$name" 90 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 ;;
