@@ -99,6 +99,7 @@ def stage_bounds(cfg, cam_bf16: bool) -> dict[str, float]:
         "optimiser": row("fused AdamW"),
         "CAM pass": row("CAM pass, train.cam_dtype=bfloat16" if cam_bf16 else "CAM pass, float32"),
         "PAR": row("PAR"),
+        "seg CE": row("seg CE"),
         "energy loss, blocked": row("energy, blocked"),
         "energy loss, fused": row("energy, fused"),
     }
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             up = to_pixels(seg, (s, s), stride)
             balanced_seg_ce(up, targets.label, cfg.data.ignore_index).backward()
 
-        stage(f"seg CE forward + backward (logits resized by {method})", None, seg_loss)
+        stage(f"seg CE forward + backward (logits resized by {method})", "seg CE", seg_loss)
     kernels = ("blocked", "fused") if device.type == "cuda" else ("blocked",)
     for kernel in kernels:
         energy = DenseEnergyLoss.from_config(dataclasses.replace(cfg.loss, reg_kernel=kernel), cfg.data.ignore_index)

@@ -62,11 +62,21 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
     par_bytes = cfg.par.num_iter * b * par_pixels * 4 * (2 * par_channels + neighbours)
     par_flops = cfg.par.num_iter * b * par_pixels * neighbours * par_channels * 2
     adam_bytes = params * 4 * 7  # read param, grad, m, v; write param, m, v
+    logits_bytes = b * classes * s * s * 4  # the seg logits at the crop's pixels, float32
+    seg_bytes = 4 * logits_bytes  # each way written once (resize, CE gradient) and read once (CE, resize gradient)
+    seg_flops = 3 * 2 * b * classes * grid * s * (grid + s)  # loss.seg_resize=matmul: its products, forward + backward
     rows = [
         ("forward + backward, bf16 autocast", train_flops, 0.0, "bf16 tensor", train_flops / H100["bf16 tensor"]),
         ("CAM pass, float32 (reference)", cam_flops, 0.0, "fp32 cuda cores", cam_flops / H100["fp32 cuda cores"]),
         ("CAM pass, train.cam_dtype=bfloat16", cam_flops, 0.0, "bf16 tensor", cam_flops / H100["bf16 tensor"]),
         ("PAR pseudo labels (minimal traffic)", par_flops, par_bytes, "hbm", par_bytes / H100["hbm"]),
+        (
+            "seg CE forward + backward (full-size logits once each way)",
+            seg_flops,
+            seg_bytes,
+            "hbm / fp32 cuda cores",
+            max(seg_bytes / H100["hbm"], seg_flops / H100["fp32 cuda cores"]),
+        ),
         (
             f"energy, fused kernel ({pairs:.2e} pairs)",
             energy_tensor + energy_fp32,
