@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 # Triton decides when ``@triton.jit`` runs (the first import of wsss.energy_kernel) whether to compile a kernel or
 # to run it in its CPU interpreter. Without a GPU, interpret, so that tests/test_energy_kernel.py runs the fused kernel
@@ -165,3 +167,16 @@ def tiny_tagged_config(root: Path, **train_kw) -> Config:
         "train_split": "train", "val_split": "val", "val_fraction": 0.3,
     })  # fmt: skip
     return cfg
+
+
+def resized_copy(root: Path, folder: Path, sizes: dict[str, tuple[int, int]]) -> Path:
+    """A copy of the VOC-layout set ``root`` at ``folder`` whose images ``sizes`` names are resized to (width,
+    height), their masks too where they have one (nearest neighbour)."""
+    shutil.copytree(root, folder)
+    for image_id, size in sizes.items():
+        image = folder / "JPEGImages" / f"{image_id}.jpg"
+        Image.open(image).resize(size).save(image, quality=95)
+        mask = folder / "SegmentationClass" / f"{image_id}.png"
+        if mask.is_file():
+            Image.open(mask).resize(size, Image.NEAREST).save(mask)
+    return folder

@@ -53,6 +53,20 @@ def test_multiscale_cam_matches_reference_and_batches_flips():
         assert 0.999 < cam[b, c].max() <= 1
 
 
+def test_one_image_at_a_time_equals_the_whole_batch_to_the_bit():
+    """The exports' and evaluations' path (each image's maps brought to full size alone) gives the batch path's
+    numbers exactly, with and without flips, at scales up and down; the model still sees the whole batch."""
+    torch.manual_seed(0)
+    images = torch.randn(3, 3, 32, 24)
+    labels = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    for flip in (True, False):
+        batch = multiscale_cam(ToyCam(), images, labels, (1.0, 0.5, 1.5), flip=flip)
+        cam_fn = ToyCam()
+        alone = multiscale_cam(cam_fn, images, labels, (1.0, 0.5, 1.5), flip=flip, one_image_at_a_time=True)
+        assert torch.equal(alone, batch) and alone[2].amin() == 0 and alone[2].amax() > 0.999
+        assert cam_fn.batch_sizes == [6 if flip else 3] * 3
+
+
 def test_multiscale_cam_is_flip_equivariant():
     torch.manual_seed(0)
     images = torch.randn(1, 3, 32, 32)

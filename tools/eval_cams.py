@@ -2,7 +2,7 @@
 
     python tools/eval_cams.py CHECKPOINT [--split train] [--aux] [--bg-thresholds 0.3:0.7:0.05] [--pseudo]
         [--work-dir DIR] [--out DIR] [--data-root DIR] [--save-cams] [--save-pseudo] [--device cuda|cpu]
-        [--launcher none|pytorch]
+        [--batch-size N] [--launcher none|pytorch]
 
 CHECKPOINT is a wsss checkpoint (.pth) or a tools/export.py --safetensors export: only the model is needed.
 CAMs at the checkpoint's cam.scales (with flips) of the final (or --aux) classifier are scored for every
@@ -31,7 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse
+from wsss.utils.startup import add_batch_size_argument, add_threads_argument, apply_threads, input_error, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-cams", action="store_true", help="export the CAMs as float16 .npy")
     parser.add_argument("--save-pseudo", action="store_true", help="export the pseudo labels as PNG (implies --pseudo)")
     parser.add_argument("--max-images", type=int, help="score only the first N images")
+    add_batch_size_argument(parser)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--launcher", choices=("none", "pytorch"), default="none", help="pytorch: under torchrun")
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             max_images=args.max_images,
             progress=not args.no_progress,
             work_dir=args.work_dir,
+            batch_size=args.batch_size,
         )
         is_main = rank_and_world()[0] == 0
     except (OSError, ValueError) as err:  # OSError: a missing file or an output not written, named

@@ -38,7 +38,14 @@ import sys
 from pathlib import Path
 
 from wsss.utils.lifetime import exit_on_sigterm
-from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse, user_threads
+from wsss.utils.startup import (
+    add_batch_size_argument,
+    add_threads_argument,
+    apply_threads,
+    input_error,
+    refuse,
+    user_threads,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-size", type=int,
         help="longest side the model sees, 0: no cap of its own (2048 px / the largest scale; default: infer.max_size)",
     )  # fmt: skip
-    parser.add_argument("--batch-size", type=int, help="most same-size images per forward batch (default: "
-                        "infer.batch_size on a GPU, infer.cpu_batch_size on the CPU; within infer.batch_pixels)")
+    add_batch_size_argument(parser)
     parser.add_argument("--workers", type=int, default=2, help="image decoding processes per rank")
     parser.add_argument("--write-threads", type=int, default=2, help="threads encoding and writing the outputs")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")

@@ -1,7 +1,7 @@
 """Export the pseudo labels of a training split for a second stage: the masks the training recipe makes, at full size.
 
     python tools/make_pseudo_labels.py CHECKPOINT --split train_aug OUT [--config CONFIG] [--crf]
-        [--cfg-options KEY=VALUE ...] [--device cuda|cpu] [--overwrite]
+        [--cfg-options KEY=VALUE ...] [--device cuda|cpu] [--batch-size N] [--overwrite]
     torchrun --nproc-per-node N tools/make_pseudo_labels.py CHECKPOINT --split train_aug OUT --launcher pytorch
 
 For every image of the split, with its image-level labels from the training label file (data.label_file): the
@@ -35,7 +35,14 @@ import sys
 from pathlib import Path
 
 from wsss.utils.lifetime import exit_on_sigterm
-from wsss.utils.startup import add_threads_argument, apply_threads, input_error, refuse, user_threads
+from wsss.utils.startup import (
+    add_batch_size_argument,
+    add_threads_argument,
+    apply_threads,
+    input_error,
+    refuse,
+    user_threads,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--crf-workers", type=int,
                         help="CRF processes per rank (pydensecrf; the torch backend on the CPU)")
+    add_batch_size_argument(parser)
+    parser.add_argument("--workers", type=int,
+                        help="image decoding processes per rank (default: data.num_workers on a GPU, 0 on the CPU)")
+    parser.add_argument("--write-threads", type=int, default=2, help="threads encoding and writing the masks")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available; cuda:LOCAL_RANK per rank)")
     parser.add_argument(
@@ -70,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if error := input_error({"checkpoint": args.checkpoint, "--config": args.config}):
         return refuse(error)
     chosen = args.threads or user_threads()  # else the export counts the CRF processes once the config is read
-    apply_threads(args.threads, args.crf_workers or 0 if args.crf else 0)
+    apply_threads(args.threads, (args.workers or 0) + (args.crf_workers or 0 if args.crf else 0))
     from wsss.config import parse_cfg_options
     from wsss.inference.exports.pseudo_labels import ExportOptions, export_pseudo_labels
     from wsss.utils.distributed import check_launcher, finish_distributed, init_distributed
@@ -78,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = ExportOptions(
             split=args.split, config=args.config, cfg_options=parse_cfg_options(args.cfg_options), crf=args.crf,
-            crf_workers=args.crf_workers, threads=chosen, overwrite=args.overwrite,
-            progress=not args.no_progress,
+            crf_workers=args.crf_workers, threads=chosen, batch_size=args.batch_size, num_workers=args.workers,
+            write_threads=args.write_threads, overwrite=args.overwrite, progress=not args.no_progress,
         )  # fmt: skip
         check_launcher(args.launcher, "tools/make_pseudo_labels.py CKPT --split SPLIT OUT")
         info = init_distributed(args.device)

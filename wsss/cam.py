@@ -35,6 +35,7 @@ def multiscale_cam(
     labels: Tensor,
     scales: Sequence[float],
     flip: bool = True,
+    one_image_at_a_time: bool = False,
 ) -> Tensor:
     """Multi-scale (and flipped) CAMs, min-max normalised per image and class.
 
@@ -46,11 +47,17 @@ def multiscale_cam(
         labels: Multi-hot image labels ``(B, C-1)`` (foreground classes only).
         scales: Image scales; each resized to :func:`scaled_size` (bilinear, ``align_corners=False``).
         flip: Also run the horizontal flip of every scale and take the max with the un-flipped map.
+        one_image_at_a_time: Bring each scale's maps to full size one image (and its flip) at a time, into the
+            output: the same numbers to the bit, the memory of the output and one image's maps instead of the
+            batch's ``2B`` full-size maps at once (a batch of 16 COCO images: 80 classes at 640 x 480, 3.1 GB per
+            scale), for more launches (the tools' exports and evaluations; the training step's crops are small).
 
     Returns:
         CAMs ``(B, C-1, H, W)`` in ``[0, 1]`` (float32), zero for absent classes. A plane is
         ``(x - min) / (max - min + 1e-5)`` of the ReLU'd sum over scales.
     """
+    if not scales:
+        raise ValueError("multiscale_cam needs at least one scale")
     b, _, h, w = images.shape
     total = None
     for s in scales:
@@ -58,14 +65,29 @@ def multiscale_cam(
         x = images if size == (h, w) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
         if flip:
             x = torch.cat([x, x.flip(-1)], dim=0)
-        cam = F.interpolate(cam_fn(x).float(), size=(h, w), mode="bilinear", align_corners=False)
-        if flip:
-            cam = torch.maximum(cam[:b], cam[b:].flip(-1))
-        cam = F.relu(cam)
-        total = cam if total is None else total + cam
-    if total is None:
-        raise ValueError("multiscale_cam needs at least one scale")
-    return normalize_cams(total) * labels.to(total.dtype)[:, :, None, None]
+        small = cam_fn(x).float()
+        if one_image_at_a_time:
+            total = small.new_zeros(b, small.shape[1], h, w) if total is None else total
+            for i in range(b):  # rows i and b + i: the image and its flip
+                total[i] += _full_size(small[i :: b] if flip else small[i : i + 1], (h, w), flip)[0]
+        else:
+            cam = _full_size(small, (h, w), flip)
+            total = cam if total is None else total + cam
+    flat = total.flatten(2)
+    low = flat.amin(dim=2)[:, :, None, None]
+    high = flat.amax(dim=2)[:, :, None, None]
+    total.sub_(low).div_(high - low + NORM_EPS)  # normalize_cams in place: no second copy of the batch's maps
+    return total.mul_(labels.to(total.dtype)[:, :, None, None])
+
+
+def _full_size(maps: Tensor, size: tuple[int, int], flip: bool) -> Tensor:
+    """``(N, K, h', w')`` maps (with ``flip``, the N/2 images then their flips) brought to ``size``, each image's max
+    with its un-flipped flip, ReLU'd: ``(N or N/2, K, H, W)``."""
+    cam = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
+    if flip:
+        half = cam.shape[0] // 2
+        cam = torch.maximum(cam[:half], cam[half:].flip(-1))
+    return F.relu(cam)
 
 
 def normalize_cams(cams: Tensor) -> Tensor:

@@ -137,11 +137,16 @@ def refine_cams_with_par(
     Returns:
         Long label maps ``(len(bg_values), B, H, W)``, 0 = background, ``k + 1`` = class ``k``.
     """
-    scores, keys = refine_cam_stacks(images, cams, labels, bg_values, par, scale, max_present)
-    b, h, w = scores.shape[1], *scores.shape[-2:]
+    return stack_labels(*refine_cam_stacks(images, cams, labels, bg_values, par, scale, max_present))
+
+
+def stack_labels(scores: Tensor, keys: Tensor) -> Tensor:
+    """The class of each pixel's largest refined score, ``(S, B, H, W)`` long, from the ``(S, B, K, H, W)`` stacks and
+    ``(B, K)`` channel classes of :func:`refine_cam_stacks` (padding channels never win)."""
+    s, b, _, h, w = scores.shape
     padding = (keys < 0)[:, :, None, None]
-    out = [torch.gather(keys, 1, argmax(s.masked_fill(padding, float("-inf")), 1).flatten(1)) for s in scores]
-    return torch.stack(out).view(len(out), b, h, w)
+    out = [torch.gather(keys, 1, argmax(stack.masked_fill(padding, float("-inf")), 1).flatten(1)) for stack in scores]
+    return torch.stack(out).view(s, b, h, w)
 
 
 @torch.no_grad()

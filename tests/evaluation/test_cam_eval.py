@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY_CLASSES, tiny_config
+from tests.conftest import TINY_CLASSES, resized_copy, tiny_config
 from tools import eval_cams as eval_cams_cli
 from wsss.cam import cam_to_label, multiscale_cam
 from wsss.data.transforms import backbone_mean_std, denormalize
-from wsss.data.voc import VOCSegDataset
+from wsss.data.voc import VOCSegDataset, read_split
 from wsss.engine.checkpoint import save_checkpoint
-from wsss.evaluation.cam_eval import parse_thresholds, sweep_labels
+from wsss.evaluation import cam_eval
+from wsss.evaluation.cam_eval import evaluate_cams, parse_thresholds, sweep_labels
 from wsss.models import build_model
 from wsss.par import PAR
 from wsss.pseudo_label import refine_cams_with_par
@@ -158,3 +160,36 @@ def test_aux_classifier_and_errors_under_the_work_dir(tiny_voc, random_checkpoin
     assert eval_cams_cli.main([str(path), "--no-progress"]) == 2  # the config's root does not exist
     assert "dataset root not found" in capsys.readouterr().err
     assert eval_cams_cli.main([str(path), "--bg-thresholds", "0.9:0.1:0.1", *common[2:]]) == 2
+
+
+def test_batches_of_one_size_score_and_save_as_one_image_at_a_time(tiny_voc, random_checkpoint, tmp_path, monkeypatch):
+    """``batch_size`` 3 over the train split resized to one size (images of 1, 1 and 2 classes: the batch's stacks are
+    padded): the scores and the saved CAMs and pseudo labels those of batches of 1."""
+    _, model, cfg, mean, std = random_checkpoint
+    data = resized_copy(tiny_voc, tmp_path / "data", dict.fromkeys(read_split(tiny_voc / "ImageSets" /
+                                                                              "Segmentation" / "train.txt"), (48, 40)))
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, root=str(data)))
+    dataset = VOCSegDataset(cfg.data, mean, std, split="train")
+    batches, real_cam = [], cam_eval.multiscale_cam
+
+    def recording_cam(cam_fn, images, labels, scales, **options):
+        batches.append(labels.sum(dim=1).tolist())  # the classes of each image of the batch
+        return real_cam(cam_fn, images, labels, scales, **options)
+
+    monkeypatch.setattr(cam_eval, "multiscale_cam", recording_cam)
+    results, files = {}, {}
+    for batch_size in (1, 3):
+        batches.clear()
+        out = tmp_path / str(batch_size)
+        results[batch_size] = evaluate_cams(model, dataset, cfg, [0.3, 0.5], pseudo=True, cam_dir=out / "cams",
+                                            pseudo_dir=out / "pseudo", progress=False, batch_size=batch_size).to_dict()
+        files[batch_size] = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*.*"))}
+    assert batches == [[1, 1, 2]]
+    assert results[3] == results[1] and results[1]["pseudo_every_pixel"]["mIoU"] > 0
+    assert len(files[1]) == 6 and files[3].keys() == files[1].keys()
+    for name, content in files[1].items():  # the masks byte for byte; the CAMs as rounded by other matrix blockings
+        if name.suffix == ".png":
+            assert files[3][name] == content, name
+        else:
+            got, expected = (np.load(io.BytesIO(f[name])).astype(np.float32) for f in (files[3], files[1]))
+            np.testing.assert_allclose(got, expected, atol=1e-3)

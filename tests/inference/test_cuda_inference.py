@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.conftest import resized_copy
 from tests.fake_cuda import REAL_GPU, fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss.config import apply_options
 from wsss.data.voc import VOCSegDataset
@@ -153,25 +154,28 @@ def test_the_crf_waits_for_the_device_per_batch_not_per_image(toy_checkpoint, tm
 
 
 @emulated_counts
-def test_the_pseudo_label_export_waits_for_the_device_once_per_image_and_equals_the_cpu(toy_checkpoint, tmp_path):
-    """The masks of each image come to the host in one copy (the classes counted on the host, the labels looked up
-    with ``take``); the masks are the CPU export's. PAR in PyTorch: Triton cannot run on emulated tensors."""
+def test_the_pseudo_label_export_waits_for_the_device_once_per_batch_and_equals_the_cpu(toy_checkpoint, tmp_path):
+    """The masks of a batch of same-size images come to the host in one copy (the classes counted on the host); the
+    masks are the CPU export's. PAR in PyTorch: Triton cannot run on emulated tensors."""
     root, ckpt = toy_checkpoint
-    ids = sorted(p.stem for p in (root / "JPEGImages").glob("train_*.jpg"))
-    options = {"cfg_options": {"par.kernel": "torch"}, "overwrite": True, "progress": False}
+    ids = [f"train_{i:05d}" for i in range(4)]
+    data = resized_copy(root, tmp_path / "data", dict.fromkeys(ids, (200, 160)))
+    options = {"cfg_options": {"par.kernel": "torch", "data.root": str(data)}, "overwrite": True, "progress": False,
+               "num_workers": 0}  # fmt: skip
     syncs = {}
-    for count in (2, 4):
+    for count, batch_size in ((2, 2), (4, 2), (4, 4)):
         split = tmp_path / f"split{count}.txt"
         split.write_text("\n".join(ids[:count]) + "\n")
+        export = ExportOptions(split=str(split), batch_size=batch_size, **options)
         with fake_cuda() as mode:
-            export_pseudo_labels(ckpt, tmp_path / f"cuda{count}", ExportOptions(split=str(split), **options), "cuda")
-        syncs[count] = len(mode.syncs)
-    assert syncs[4] - syncs[2] == 2  # one per image
-    export_pseudo_labels(ckpt, tmp_path / "cpu", ExportOptions(split=str(split), **options), "cpu")
+            export_pseudo_labels(ckpt, tmp_path / f"cuda{count}-{batch_size}", export, "cuda")
+        syncs[count, batch_size] = len(mode.syncs)
+    assert (syncs[4, 2] - syncs[2, 2], syncs[4, 4] - syncs[2, 2]) == (1, 0)  # one per batch
+    export_pseudo_labels(ckpt, tmp_path / "cpu", ExportOptions(split=str(split), batch_size=1, **options), "cpu")
     masks = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.png"))
     assert len(masks) == 8  # two masks per image
     for mask in masks:
-        np.testing.assert_array_equal(read_mask(tmp_path / "cuda4" / mask), read_mask(tmp_path / "cpu" / mask))
+        np.testing.assert_array_equal(read_mask(tmp_path / "cuda4-4" / mask), read_mask(tmp_path / "cpu" / mask))
 
 
 @emulated_counts

@@ -17,7 +17,7 @@ import torch
 from mmengine.config import Config as MMConfig
 from PIL import Image
 
-from tests.conftest import assert_same_files
+from tests.conftest import assert_same_files, resized_copy
 from tools import eval as eval_cli
 from tools import make_pseudo_labels as export_cli
 from wsss.data.labels import load_labels
@@ -138,7 +138,8 @@ def test_crf_workers_write_the_masks_of_the_inline_crf(toy_checkpoint, tmp_path,
         assert export_cli.main([str(ckpt), str(out), *ARGS, "--crf", "--crf-workers", workers]) == 0
         trees[workers] = {k: v for k, v in outputs(out).items() if k.endswith(".png")}
     assert len(trees["0"]) == 12 and trees["2"] == trees["0"]
-    assert calls == [(2, None)]  # the model's threads: the CPUs the 2 workers leave (none to count for 0)
+    assert calls == [(2, None)]  # the model's threads: the CPUs the 2 workers leave (none to count for 0; on the CPU
+    # the images are decoded in the exporting process)
 
 
 class LazyCrf:
@@ -198,6 +199,54 @@ def test_the_export_waits_for_at_most_two_images_per_crf_worker(toy_checkpoint, 
     assert export_cli.main([str(ckpt), str(inline), *ARGS, "--crf", "--crf-workers", "0"]) == 0
     pngs = [k for k in outputs(inline) if k.endswith(".png")]
     assert len(pngs) == 12 and all(outputs(out)[k] == outputs(inline)[k] for k in pngs)
+
+
+@pytest.mark.parametrize("crf", [False, True], ids=["argmax", "crf"])
+def test_batches_of_one_size_write_the_masks_of_one_image_at_a_time(toy_checkpoint, tmp_path, monkeypatch, crf):
+    """--batch-size 4 over the 4 train images at one size (1, 1, 2 and 1 classes: the batch's stacks are padded) and
+    the 2 val images at another: a batch of 4 and one of 2, the masks byte for byte those of batches of 1."""
+    root, ckpt = toy_checkpoint
+    sizes = {**{f"train_{i:05d}": (200, 160) for i in range(4)}, **{f"val_{i:05d}": (160, 200) for i in range(2)}}
+    data = resized_copy(root, tmp_path / "data", sizes)
+    batches, real_cam = [], export_module.multiscale_cam
+
+    def recording_cam(cam_fn, images, labels, scales, **options):
+        batches.append(labels.sum(dim=1).tolist())  # the classes of each image of the batch
+        return real_cam(cam_fn, images, labels, scales, **options)
+
+    monkeypatch.setattr(export_module, "multiscale_cam", recording_cam)
+    trees = {}
+    for batch_size in ("1", "4"):
+        batches.clear()
+        out = tmp_path / batch_size
+        args = [str(ckpt), str(out), *ARGS, "--batch-size", batch_size, "--cfg-options", f"data.root={data}"]
+        assert export_cli.main(args + (["--crf", "--crf-workers", "0"] if crf else [])) == 0
+        trees[batch_size] = {k: v for k, v in outputs(out).items() if k.endswith(".png")}
+    assert batches == [[1, 1, 2, 1], [1, 1]]
+    assert len(trees["1"]) == 12 and trees["4"] == trees["1"]
+
+
+def test_unreadable_and_oversized_images_are_skipped_and_named(toy_checkpoint, tmp_path, capsys):
+    """A corrupt image and one over data.max_image_pixels get no masks and are named with the reason; the others are
+    exported, and a re-run tries the skipped ones again."""
+    root, ckpt = toy_checkpoint
+    data = resized_copy(root, tmp_path / "data", {"train_00001": (400, 400)})
+    (data / "JPEGImages" / "val_00000.jpg").write_bytes(b"not a jpeg")
+    out = tmp_path / "out"
+    options = ["--cfg-options", f"data.root={data}", "data.max_image_pixels=100000"]
+    assert export_cli.main([str(ckpt), str(out), *ARGS, *options]) == 0
+    printed = capsys.readouterr().out
+    assert "4 of 6 images exported" in printed and "2 skipped" in printed
+    assert "skipped train_00001: 400x400 is 160,000 pixels, over data.max_image_pixels = 100,000" in printed
+    assert "skipped val_00000: not a readable image" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["path"] for s in summary["skipped"]] == ["train_00001", "val_00000"]
+    assert sorted(p.name for p in (out / PSEUDO_DIR).glob("*.png")) == [
+        "train_00000.png", "train_00002.png", "train_00003.png", "val_00001.png"]
+    assert (out / "ImageSets" / "Segmentation" / f"{SPLIT}.txt").read_text().split() == [
+        "train_00000", "train_00002", "train_00003", "val_00001"]
+    assert export_cli.main([str(ckpt), str(out), *ARGS, "--cfg-options", f"data.root={data}"]) == 0
+    assert "5 of 6 images exported (1 now" in capsys.readouterr().out  # the large image, allowed now
 
 
 def test_resume_skips_finished_images_and_refuses_other_settings(exported, tmp_path, capsys):

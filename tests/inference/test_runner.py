@@ -20,7 +20,7 @@ from tools import eval as eval_cli
 from tools import infer as infer_cli
 from wsss.config import InferConfig
 from wsss.data.toy.render import TOY_CLASSES
-from wsss.inference.folder import loop, runner
+from wsss.inference.folder import batching, loop, runner
 from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.inference.folder.sources import list_split
 from wsss.utils import fileio
@@ -156,7 +156,7 @@ def test_the_batch_size_comes_from_the_config_within_its_pixel_budget(trained, t
 
     infer = InferConfig(batch_size=5, cpu_batch_size=2)
     devices = ("cuda", "cuda:1", torch.device("cuda"), "cpu")
-    assert [runner.default_batch_size(infer, device) for device in devices] == [5, 5, 5, 2]
+    assert [batching.default_batch_size(infer, device) for device in devices] == [5, 5, 5, 2]
 
     root, ckpt = trained
     inp = tmp_path / "in"

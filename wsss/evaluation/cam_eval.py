@@ -45,9 +45,10 @@ from wsss.cam import labels_from_mask, multiscale_cam
 from wsss.config import Config
 from wsss.data.classes import voc_palette
 from wsss.data.transforms import channel_constants, denormalize
-from wsss.data.voc import SkipUnreadable, VOCSegDataset, collate_list
+from wsss.data.voc import SkipUnreadable, VOCSegDataset
 from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics, format_table
 from wsss.evaluation.protocol import EvalProtocol, is_voc
+from wsss.inference.folder.batching import SizeBuckets, default_batch_size, identity
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
@@ -204,6 +205,7 @@ def evaluate_cams(
     pseudo_dir: str | Path | None = None,
     max_images: int | None = None,
     progress: bool = True,
+    batch_size: int | None = None,
 ) -> CamEvalResult:
     """Score CAMs over a background-threshold sweep (and optionally pseudo labels) on ``dataset``.
 
@@ -220,6 +222,8 @@ def evaluate_cams(
         pseudo_dir: Save every pseudo label as ``<id>.png`` (VOC palette, ``ignore_index`` = uncertain).
         max_images: Score only the first images.
         progress: Show a progress bar (on rank 0 alone).
+        batch_size: Most same-size images per forward batch (also at most ``infer.batch_pixels`` pixels); None:
+            ``infer.batch_size`` on a GPU, ``infer.cpu_batch_size`` elsewhere. The scores do not depend on it.
 
     Under an initialised process group (``torchrun``), every rank must call it: each scores and saves its share of
     the images (every ``world``-th one), and the counts are summed across ranks, so every rank returns the scores
@@ -244,40 +248,51 @@ def evaluate_cams(
     total = len(dataset) if max_images is None else min(max_images, len(dataset))
     rank, world = rank_and_world()
     share = range(rank, total, world)
-    loader = DataLoader(Subset(SkipUnreadable(dataset), share), batch_size=1, num_workers=cfg.data.num_workers,
-                        collate_fn=collate_list)  # fmt: skip
+    batch_size = default_batch_size(cfg.infer, device) if batch_size is None else batch_size
+    if batch_size < 1:
+        raise ValueError(f"--batch-size: must be >= 1, got {batch_size}")
+    loader = DataLoader(Subset(SkipUnreadable(dataset), share), batch_size=None, num_workers=cfg.data.num_workers,
+                        collate_fn=identity)  # fmt: skip
+    buckets = SizeBuckets(batch_size, cfg.infer.batch_pixels)
     palette = voc_palette()
     cam_fn = partial(model.cam, aux=aux)
+    planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
 
-    bar = tqdm(loader, total=len(share), desc="cam eval", unit="img", disable=not progress or rank != 0,
-               dynamic_ncols=True)  # fmt: skip
-    unreadable = None
-    for batch in bar:
-        if "skipped" in batch:  # an image or mask that cannot be read stops the scoring, on every rank alike
-            unreadable = batch["skipped"][0]
-            break
-        image_id = batch["id"][0]
-        image = to_device(batch["image"][0][None], device)
-        mask = batch["mask"][0]
-        present = labels_from_mask(mask, num_classes)  # on the host, which has the mask: no read of the device
-        gt, labels = to_device(mask, device)[None], to_device(present, device)[None]
-        cam = multiscale_cam(cam_fn, image, labels, cfg.cam.scales)
+    def score(batch: list[dict]) -> None:
+        """Score a batch of same-size images; the host reads the device once per batch and export."""
+        masks = torch.stack([item["mask"] for item in batch])
+        present = torch.stack([labels_from_mask(m, num_classes) for m in masks])  # on the host: no read of the device
+        images, gt, labels = (to_device(x, device) for x in (torch.stack([i["image"] for i in batch]), masks, present))
+        cam = multiscale_cam(cam_fn, images, labels, cfg.cam.scales, one_image_at_a_time=True)
         for cm, pred in zip(cams_cm, sweep_labels(cam, labels, thresholds), strict=True):
             cm.update(pred, gt)
         if cam_dir is not None:
-            buf = io.BytesIO()
-            np.save(buf, cam[0].to(torch.float16).cpu().numpy())
-            atomic_write_bytes(_safe_file(Path(cam_dir), image_id, ".npy"), buf.getvalue())
+            for item, image_cams in zip(batch, cam.to(torch.float16).cpu().numpy(), strict=True):
+                buf = io.BytesIO()
+                np.save(buf, image_cams)
+                atomic_write_bytes(_safe_file(Path(cam_dir), item["id"], ".npy"), buf.getvalue())
         if pseudo:
-            images01 = denormalize(image, *constants)
-            planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
+            images01 = denormalize(images, *constants)
             high, low, single = refine_cams_with_par(images01, cam, labels, planes, par, cfg.par.scale,
-                                                     int(present.sum()))  # fmt: skip
+                                                     int(present.sum(dim=1).max()))  # fmt: skip
             label = combine_dual_threshold(high, low, None, ignore)
             pseudo_all_cm.update(single, gt)
             pseudo_cm.update(label, gt.masked_fill(label == ignore, ignore))
             if pseudo_dir is not None:
-                save_mask(_safe_file(Path(pseudo_dir), image_id, ".png"), label[0].cpu().numpy(), palette)
+                for item, mask in zip(batch, label.cpu().numpy(), strict=True):
+                    save_mask(_safe_file(Path(pseudo_dir), item["id"], ".png"), mask, palette)
+
+    bar = tqdm(loader, total=len(share), desc="cam eval", unit="img", disable=not progress or rank != 0,
+               dynamic_ncols=True)  # fmt: skip
+    unreadable = None
+    for item in bar:
+        if "skipped" in item:  # an image or mask that cannot be read stops the scoring, on every rank alike
+            unreadable = item["skipped"]
+            break
+        for batch in buckets.add(item, tuple(item["mask"].shape)):
+            score(batch)
+    for batch in buckets.flush() if unreadable is None else []:
+        score(batch)
 
     raise_on_every_rank(unreadable)
     for cm in (*cams_cm, pseudo_cm, pseudo_all_cm):
@@ -317,6 +332,7 @@ def run_cam_eval(
     max_images: int | None = None,
     progress: bool = True,
     work_dir: str | Path | None = None,
+    batch_size: int | None = None,
 ) -> tuple[CamEvalResult, Path]:
     """Rebuild the model and dataset from a model file, run :func:`evaluate_cams`, write ``cam_eval.json``.
 
@@ -329,7 +345,7 @@ def run_cam_eval(
         device: Where the model runs (under torchrun: ``cuda`` is each rank's ``cuda:LOCAL_RANK``, with NCCL; ``cpu``
             uses gloo).
         data_root: Overrides ``data.root`` of the checkpoint's config.
-        aux, pseudo, max_images, progress: See :func:`evaluate_cams`.
+        aux, pseudo, max_images, progress, batch_size: See :func:`evaluate_cams`.
         save_cams: Export the CAMs. save_pseudo: Export the pseudo labels (implies ``pseudo``).
         work_dir: Where the default ``out`` goes; default :func:`default_work_dir`.
 
@@ -355,7 +371,7 @@ def run_cam_eval(
     result = evaluate_cams(
         model, dataset, cfg, thresholds, device, aux=aux, pseudo=pseudo or save_pseudo,
         cam_dir=out / "cams" if save_cams else None, pseudo_dir=out / "pseudo" if save_pseudo else None,
-        max_images=max_images, progress=progress,
+        max_images=max_images, progress=progress, batch_size=batch_size,
     )  # fmt: skip
     protocol = EvalProtocol(
         checkpoint=str(checkpoint), step=ckpt.get("step"), split=split, num_images=result.num_images,

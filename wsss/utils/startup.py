@@ -26,6 +26,7 @@ NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")
 """Present wherever the NVIDIA kernel driver is loaded (also inside containers started with GPUs)."""
 
 __all__ = [
+    "add_batch_size_argument",
     "add_threads_argument",
     "apply_threads",
     "available_cpus",
@@ -87,6 +88,13 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
         "process may use / the ranks on this node, less this rank's worker processes, at least 1; OMP_NUM_THREADS "
         "is set to the same for each rank)",
     )  # fmt: skip
+
+
+def add_batch_size_argument(parser: argparse.ArgumentParser) -> None:
+    """``--batch-size N``, the same in every tool that batches same-size images
+    (:func:`wsss.inference.folder.batching.default_batch_size` when not given)."""
+    parser.add_argument("--batch-size", type=int, help="most same-size images per forward batch (default: "
+                        "infer.batch_size on a GPU, infer.cpu_batch_size on the CPU; within infer.batch_pixels)")
 
 
 def apply_threads(threads: int | None, workers: int = 0) -> int:

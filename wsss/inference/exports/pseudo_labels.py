@@ -59,12 +59,14 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from wsss.cam import multiscale_cam
@@ -75,16 +77,20 @@ from wsss.data.transforms import channel_constants, denormalize, normalize
 from wsss.data.voc import VOCClsDataset, mask_file
 from wsss.inference.crf import CrfPool
 from wsss.inference.exports.second_stage import write_second_stage
-from wsss.inference.folder.sources import Source, own_shard, writing
+from wsss.inference.folder.batching import ImageList, SizeBuckets, default_batch_size, identity
+from wsss.inference.folder.loop import FileWriters
+from wsss.inference.folder.runner import check_bounds
+from wsss.inference.folder.sources import Source, own_shard, save_output, writing
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
 from wsss.models.segmentor import WSSSModel
 from wsss.par import PAR
-from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks
+from wsss.pseudo_label import combine_dual_threshold, refine_cam_stacks, stack_labels
 from wsss.utils.distributed import all_gather_objects, barrier, raise_on_every_rank, rank_and_world
-from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, read_image, remove_stale_temporaries, save_mask
+from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, remove_stale_temporaries, save_mask
 from wsss.utils.folder_lock import hold_lock
+from wsss.utils.lifetime import die_with_parent
 from wsss.utils.startup import threads_beside
-from wsss.utils.tensors import argmax, to_device
+from wsss.utils.tensors import to_device
 
 __all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "PendingMasks", "export_pseudo_labels",
            "pseudo_masks", "submit_pseudo_masks"]
@@ -113,6 +119,12 @@ class ExportOptions:
         crf_workers: CRF processes per rank; None takes ``infer.crf.workers``.
         threads: The torch threads the user chose for this rank (``--threads`` or ``OMP_NUM_THREADS``), kept; None:
             once the CRF processes are known, the CPUs they leave (:func:`wsss.utils.startup.threads_beside`).
+        batch_size: Most same-size images per forward batch (also at most ``infer.batch_pixels`` pixels); None:
+            ``infer.batch_size`` on a GPU, ``infer.cpu_batch_size`` elsewhere. The masks do not depend on it.
+        num_workers: Image decoding processes (0: in the main process); None: ``data.num_workers`` on a GPU, 0 on the
+            CPU, where a decoding process takes a CPU from the model's threads
+            (:func:`~wsss.utils.startup.threads_beside`) and costs more than it saves (docs/benchmarks.md).
+        write_threads: Threads encoding and writing the masks while the model goes on (0: in the main thread).
         overwrite: Redo images whose masks exist (and accept other settings than ``run.json``'s).
         progress: Show a progress bar (rank 0).
     """
@@ -123,6 +135,9 @@ class ExportOptions:
     crf: bool = False
     crf_workers: int | None = None
     threads: int | None = None
+    batch_size: int | None = None
+    num_workers: int | None = None
+    write_threads: int = 2
     overwrite: bool = False
     progress: bool = True
 
@@ -193,19 +208,22 @@ def mask_name(image_id: str) -> str:
 class PendingMasks:
     """The two masks of one image (:func:`submit_pseudo_masks`): ready, or waiting for the CRF's jobs."""
 
-    keys: Tensor
-    """(1, K) class of each refined channel."""
-    jobs: list[Future]
-    """The CRF labels of the three stacks (high, low and single background plane), or finished futures of the argmax
-    labels without the CRF."""
-    ignore_index: int
+    ready: tuple[np.ndarray, np.ndarray] | None
+    """The (H, W) uint8 masks, made without the CRF; None while the CRF's jobs run."""
+    keys: Tensor | None = None
+    """(K,) class of each channel the CRF got."""
+    jobs: list[Future] = field(default_factory=list)
+    """The CRF labels of the three stacks (high, low and single background plane)."""
+    ignore_index: int = 255
 
     def done(self) -> bool:
-        return all(job.done() for job in self.jobs)
+        return self.ready is not None or all(job.done() for job in self.jobs)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """The (H, W) uint8 dual-threshold and single-threshold masks; waits for the CRF; raises a job's error."""
-        keys = self.keys[0]  # each map's labels index its channels: their classes
+        if self.ready is not None:
+            return self.ready
+        keys = self.keys  # each map's labels index its channels: their classes
         high, low, single = (keys.take(to_device(torch.as_tensor(job.result()), keys.device).long())[None]
                              for job in self.jobs)  # fmt: skip
         certain = combine_dual_threshold(high, low, None, self.ignore_index)
@@ -241,41 +259,46 @@ def pseudo_masks(
         (H, W) uint8 masks: the dual-threshold one (``data.ignore_index`` where uncertain) and the single-threshold
         one (every pixel a class).
     """
-    return submit_pseudo_masks(model, image, labels, cfg, mean, std, par, crf, raw).result()
+    return submit_pseudo_masks(model, image, labels, cfg, mean, std, par, crf, [raw])[0].result()
 
 
 @torch.no_grad()
 def submit_pseudo_masks(
     model: WSSSModel,
-    image: Tensor,
+    images: Tensor,
     labels: Tensor,
     cfg: Config,
     mean: tuple[float, ...] | Tensor,
     std: tuple[float, ...] | Tensor,
     par: PAR,
     crf: CrfPool | None = None,
-    raw: np.ndarray | None = None,
-    max_present: int | None = None,
-) -> PendingMasks:
-    """The CAMs and PAR of one full image (:func:`pseudo_masks`' arguments), and with ``crf`` its CRF jobs queued:
-    with CRF workers the call returns before they finish, so the next image's CAMs run beside them. ``max_present``:
-    the number of classes in ``labels``, counted on the host (None: read from the device, a sync)."""
-    cams = multiscale_cam(model.cam, image, labels, cfg.cam.scales)
-    rgb = denormalize(image.float(), mean, std)
+    raws: list[np.ndarray | None] | None = None,
+    counts: list[int] | None = None,
+) -> list[PendingMasks]:
+    """The CAMs and PAR of a batch of same-size full images (:func:`pseudo_masks`' arguments, ``images`` (B, 3, H, W),
+    ``labels`` (B, C-1), ``raws`` their pixels), one :class:`PendingMasks` per image: without the CRF the masks of the
+    whole batch come to the host in one copy; with ``crf`` each image's three stacks are queued as one job (with CRF
+    workers the call returns before they finish, so the next batch's CAMs run beside them). ``counts``: the number of
+    classes in each row of ``labels``, counted on the host (None: read from the device, a sync)."""
+    cams = multiscale_cam(model.cam, images, labels, cfg.cam.scales, one_image_at_a_time=True)
+    rgb = denormalize(images.float(), mean, std)
     planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
-    scores, keys = refine_cam_stacks(rgb, cams, labels, planes, par, cfg.par.scale, max_present)  # (3, 1, K, H, W)
+    max_present = None if counts is None else max(counts)
+    scores, keys = refine_cam_stacks(rgb, cams, labels, planes, par, cfg.par.scale, max_present)  # (3, B, K, H, W)
+    ignore = cfg.data.ignore_index
     if crf is None:
-        jobs = [_finished(argmax(s, 1)[0]) for s in scores]  # refine_cams_with_par's argmax; the keys in result()
-    else:
-        probs = scores[:, 0] / scores[:, 0].sum(dim=1, keepdim=True)  # one image: no padding
+        high, low, single = stack_labels(scores, keys)  # refine_cams_with_par's argmax
+        certain = combine_dual_threshold(high, low, None, ignore)
+        masks = torch.stack([certain, single], dim=1).to(torch.uint8).cpu().numpy()  # (B, 2, H, W): one copy
+        return [PendingMasks((m[0], m[1])) for m in masks]
+    counts = counts if counts is not None else (keys > 0).sum(dim=1).tolist()
+    pending = []
+    for i, raw in enumerate(raws or [None] * len(images)):
+        stack = scores[:, i, : 1 + counts[i]]  # this image's channels, without the batch's padding
+        probs = stack / stack.sum(dim=1, keepdim=True)
         jobs = crf.submit_stacked(raw, probs)  # the three stacks over one pair of lattices (torch backend)
-    return PendingMasks(keys, jobs, cfg.data.ignore_index)
-
-
-def _finished(value: Any) -> Future:
-    future: Future = Future()
-    future.set_result(value)
-    return future
+        pending.append(PendingMasks(None, keys[i, : 1 + counts[i]], jobs, ignore))
+    return pending
 
 
 def export_pseudo_labels(
@@ -331,8 +354,8 @@ class _Plan:
 
 
 def _plan(checkpoint: str | Path, output: Path, opts: ExportOptions) -> _Plan:
-    if opts.crf_workers is not None and opts.crf_workers < 0:
-        raise ValueError(f"--crf-workers: must be >= 0, got {opts.crf_workers}")
+    check_bounds([("--crf-workers", opts.crf_workers, 0, ""), ("--batch-size", opts.batch_size, 1, ""),
+                  ("--workers", opts.num_workers, 0, ""), ("--write-threads", opts.write_threads, 0, "")])  # fmt: skip
     ckpt, digest = _read_checkpoint(checkpoint)
     if opts.config is not None:
         cfg = load_config(opts.config, opts.cfg_options)
@@ -406,7 +429,6 @@ def _in_use(output: Path, holder: str) -> ValueError:
 def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> ExportSummary:
     """The export, once OUT is this run's."""
     output, cfg, dataset = plan.output, plan.cfg, plan.dataset
-    mean, std = tuple(plan.ckpt["mean"]), tuple(plan.ckpt["std"])
     mixed = _check_previous_settings(output, plan.settings, opts.overwrite)
     rank, _ = rank_and_world()
     if rank == 0:
@@ -418,47 +440,9 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
 
     sources = sorted((Source(i, dataset.image_path(i)) for i in dataset.ids), key=lambda s: s.rel)
     todo = [s for s in own_shard(sources) if opts.overwrite or not plan.finished(s.rel)]
-    done: list[str] = []
     skipped: list[Skipped] = []
     tic = time.perf_counter()
-    if todo:
-        with ExitStack() as stack:
-            # the CRF workers start before the model exists (see CrfPool); on the CPU the torch backend's run there too
-            pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers, device=device)) if opts.crf else None
-            if pool is not None and pool.workers:  # their CPUs are not the model's
-                threads_beside(pool.workers, opts.threads)
-            model, _ = model_from_checkpoint(plan.ckpt, device)
-            par = PAR.from_config(cfg.par).to(device)
-            constants = channel_constants(mean, device), channel_constants(std, device)  # uploaded once
-            palette = voc_palette()
-            show = opts.progress and rank == 0
-            # With CRF workers, up to two images per worker wait for their CRF while the next images' CAMs run; the
-            # masks are written in order as they finish (a bounded queue: memory does not grow with the split).
-            waiting_at_most = 2 * pool.workers if pool is not None else 0
-            pending: deque[tuple[str, PendingMasks]] = deque()
-
-            def write_first() -> None:
-                rel, masks = pending.popleft()
-                for path, mask in zip(plan.paths[rel], masks.result(), strict=True):
-                    with writing(path):
-                        save_mask(path, mask, palette)
-                done.append(rel)
-
-            for src in tqdm(todo, desc="pseudo labels", unit="img", disable=not show, dynamic_ncols=True):
-                try:
-                    raw = read_image(src.path, cfg.data.max_image_pixels)
-                except ValueError as err:
-                    skipped.append(Skipped(src.rel, str(err)))
-                    continue
-                image = normalize(raw, *constants, device)[None]
-                present = dataset.labels[src.rel]
-                labels = to_device(torch.from_numpy(present.astype(np.float32))[None], device)
-                masks = submit_pseudo_masks(model, image, labels, cfg, *constants, par, pool, raw, int(present.sum()))
-                pending.append((src.rel, masks))
-                while pending and (len(pending) > waiting_at_most or pending[0][1].done()):
-                    write_first()
-            while pending:
-                write_first()
+    done = _export_images(plan, opts, todo, skipped, device) if todo else []
     summary = ExportSummary(output=output, split=plan.split, images=len(sources), seconds=time.perf_counter() - tic)
     parts = all_gather_objects((done, skipped))
     summary.done = sum(len(d) for d, _ in parts)
@@ -472,6 +456,73 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
         _write_run_file(output, plan.settings, [], plan.checkpoint)  # every mask in OUT was made now: one kind again
     _write_merged(summary, dataset, cfg, plan.checkpoint, plan.split_file, exported)
     return summary
+
+
+def _export_images(
+    plan: _Plan, opts: ExportOptions, todo: list[Source], skipped: list[Skipped], device: str | torch.device
+) -> list[str]:
+    """Export the masks of ``todo``; returns the ids whose masks were written, adds the unreadable ones to ``skipped``.
+
+    Images are decoded in worker processes (:class:`ExportOptions`' ``num_workers``) and run in batches of one size
+    (:class:`~wsss.inference.folder.batching.SizeBuckets`: ``batch_size`` images, ``infer.batch_pixels`` pixels); the
+    masks are written by ``opts.write_threads`` threads (:class:`~wsss.inference.folder.loop.FileWriters`), in order.
+    With CRF workers, up to two images per worker wait for their CRF (besides the batch just submitted) while the next
+    images' CAMs run: a bounded queue, memory does not grow with the split.
+    """
+    cfg, dataset = plan.cfg, plan.dataset
+    batch_size = default_batch_size(cfg.infer, device) if opts.batch_size is None else opts.batch_size
+    on_gpu = torch.device(device).type == "cuda"
+    workers = opts.num_workers if opts.num_workers is not None else cfg.data.num_workers if on_gpu else 0
+    workers = workers if len(todo) > 1 else 0
+    done: list[str] = []
+    with ExitStack() as stack:
+        # the CRF workers start before the model exists (see CrfPool); on the CPU the torch backend's run there too
+        pool = stack.enter_context(CrfPool(cfg.infer.crf, opts.crf_workers, device=device)) if opts.crf else None
+        crf_workers = pool.workers if pool is not None else 0
+        if crf_workers or workers:  # their CPUs are not the model's
+            threads_beside(crf_workers + workers, opts.threads)
+        model, _ = model_from_checkpoint(plan.ckpt, device)
+        par = PAR.from_config(cfg.par).to(device)
+        mean, std = (channel_constants(plan.ckpt[key], device) for key in ("mean", "std"))  # uploaded once
+        palette = voc_palette()
+        writers = FileWriters(opts.write_threads, batch_size + 2 * opts.write_threads)
+        stack.callback(writers.close)  # an error or an interrupt: the writes under way finish, no other starts
+        pending: deque[tuple[str, PendingMasks]] = deque()
+
+        def run(batch: list[tuple[str, np.ndarray]]) -> None:
+            images = torch.stack([normalize(raw, mean, std, device) for _, raw in batch])
+            present = [dataset.labels[rel] for rel, _ in batch]
+            labels = to_device(torch.from_numpy(np.stack(present).astype(np.float32)), device)
+            masks = submit_pseudo_masks(model, images, labels, cfg, mean, std, par, pool, [raw for _, raw in batch],
+                                        [int(p.sum()) for p in present])  # fmt: skip
+            pending.extend((rel, m) for (rel, _), m in zip(batch, masks, strict=True))
+            write(final=False)
+
+        def write(final: bool) -> None:
+            """Hand the finished images' masks to the writers (at the end, every image's, and wait for them)."""
+            waiting = 0 if final else 2 * crf_workers
+            while pending and (len(pending) > waiting or pending[0][1].done()):
+                rel, masks = pending.popleft()
+                writes = [partial(save_output, path, save_mask, mask, palette)
+                          for path, mask in zip(plan.paths[rel], masks.result(), strict=True)]  # fmt: skip
+                writers.submit(rel, writes)
+            done.extend(writers.finished(block=final))
+
+        loader = DataLoader(ImageList(todo, cfg.data.max_image_pixels), batch_size=None, num_workers=workers,
+                            collate_fn=identity, worker_init_fn=partial(die_with_parent, os.getpid()))  # fmt: skip
+        buckets = SizeBuckets(batch_size, cfg.infer.batch_pixels)
+        show = opts.progress and rank_and_world()[0] == 0
+        for item in tqdm(loader, desc="pseudo labels", unit="img", disable=not show, dynamic_ncols=True):
+            src = todo[item["index"]]
+            if item["image"] is None:
+                skipped.append(Skipped(src.rel, item["error"]))
+                continue
+            for batch in buckets.add((src.rel, item["image"]), item["image"].shape):
+                run(batch)
+        for batch in buckets.flush():
+            run(batch)
+        write(final=True)
+    return done
 
 
 def _settings(digest: str, dataset: VOCClsDataset, cfg: Config, crf: bool) -> dict[str, Any]:

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
+from wsss.config import InferConfig
 from wsss.inference.folder.sources import Source
 from wsss.inference.predictor import model_size
 from wsss.utils.fileio import read_image
@@ -23,7 +25,12 @@ BUCKET_WINDOW = 4
 """At most ``BUCKET_WINDOW * batch_size`` decoded images, and ``BUCKET_WINDOW * batch_pixels`` of their pixels, wait
 for a same-size batch."""
 
-__all__ = ["BUCKET_WINDOW", "ImageList", "SizeBuckets", "identity"]
+__all__ = ["BUCKET_WINDOW", "ImageList", "SizeBuckets", "default_batch_size", "identity"]
+
+
+def default_batch_size(cfg: InferConfig, device: str | torch.device) -> int:
+    """``infer.batch_size`` on a GPU, ``infer.cpu_batch_size`` elsewhere."""
+    return cfg.batch_size if torch.device(device).type == "cuda" else cfg.cpu_batch_size
 
 
 class SizeBuckets:
@@ -82,17 +89,18 @@ class SizeBuckets:
 
 
 class ImageList(Dataset):
-    """Decodes sources; a corrupt file yields ``image=None`` and the reason."""
+    """Decodes sources; a corrupt file, or one over ``max_pixels`` (``data.max_image_pixels``; 0: no cap), yields
+    ``image=None`` and the reason."""
 
-    def __init__(self, sources: Sequence[Source]) -> None:
-        self.sources = sources
+    def __init__(self, sources: Sequence[Source], max_pixels: int = 0) -> None:
+        self.sources, self.max_pixels = sources, max_pixels
 
     def __len__(self) -> int:
         return len(self.sources)
 
     def __getitem__(self, index: int) -> dict:
         try:
-            return {"index": index, "image": read_image(self.sources[index].path), "error": None}
+            return {"index": index, "image": read_image(self.sources[index].path, self.max_pixels), "error": None}
         except ValueError as err:
             return {"index": index, "image": None, "error": str(err).split(": ", 1)[-1]}
 

@@ -96,7 +96,8 @@ from typing import Any
 
 import torch
 
-from wsss.config import ConfigError, InferConfig, apply_options
+from wsss.config import ConfigError, apply_options
+from wsss.inference.folder.batching import default_batch_size
 from wsss.inference.folder.layout import OutputLayout
 from wsss.inference.folder.loop import CrfJobs, InferenceLoop, LoopSetup
 from wsss.inference.folder.merge import InferenceSummary, RankPart, merge_parts, stopped, write_run_files
@@ -108,7 +109,7 @@ from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
 from wsss.utils.startup import threads_beside
 
 __all__ = [
-    "InferenceOptions", "InferenceSummary", "check_scales", "default_batch_size", "default_output", "run_inference",
+    "InferenceOptions", "InferenceSummary", "check_bounds", "check_scales", "default_output", "run_inference",
 ]  # fmt: skip
 
 
@@ -169,9 +170,7 @@ class InferenceOptions:
         bounds = (("--max-size", self.max_size, 0, " (0: no cap)"), ("--batch-size", self.batch_size, 1, ""),
                   ("--workers", self.num_workers, 0, ""), ("--crf-workers", self.crf_workers, 0, ""),
                   ("--write-threads", self.write_threads, 0, ""))  # fmt: skip
-        for option, value, low, note in bounds:
-            if value is not None and value < low:
-                raise ValueError(f"{option}: must be >= {low}{note}, got {value}")
+        check_bounds(bounds)
 
     def kinds(self) -> list[str]:
         """Output kinds this run writes for every image."""
@@ -183,6 +182,17 @@ class InferenceOptions:
         return kinds
 
 
+def check_bounds(bounds: Sequence[tuple[str, int | None, int, str]]) -> None:
+    """Refuse a value below its bound: ``(option, value, lowest, note)`` each (None: not given).
+
+    Raises:
+        ValueError: ``"{option}: must be >= {lowest}{note}, got {value}"``, the first one out of bounds.
+    """
+    for option, value, low, note in bounds:
+        if value is not None and value < low:
+            raise ValueError(f"{option}: must be >= {low}{note}, got {value}")
+
+
 def check_scales(scales: Sequence[float], option: str) -> None:
     """Refuse an empty list of TTA scales or a scale that is not a finite number > 0, naming ``option``.
 
@@ -192,11 +202,6 @@ def check_scales(scales: Sequence[float], option: str) -> None:
     bad = [s for s in scales if not (math.isfinite(s) and s > 0)]
     if not scales or bad:
         raise ValueError(f"{option}: every scale must be a finite number > 0, got {list(scales)}")
-
-
-def default_batch_size(cfg: InferConfig, device: str | torch.device) -> int:
-    """``infer.batch_size`` on a GPU, ``infer.cpu_batch_size`` elsewhere."""
-    return cfg.batch_size if torch.device(device).type == "cuda" else cfg.cpu_batch_size
 
 
 def default_output(input_path: str | Path) -> Path:
