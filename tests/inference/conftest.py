@@ -20,4 +20,3 @@ def toy_checkpoint(tmp_path_factory):
                 list(TOY_CLASSES))  # fmt: skip
     cfg = tiny_config(root, max_iters=4, ckpt_interval=4, val_max_images=1)
     return root, train(cfg, work_dir=base / "work", device="cpu").checkpoint
-
