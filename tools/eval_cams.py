@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(error)
     from wsss.config import DataConfig
 
-    apply_threads(args.threads, DataConfig().num_workers)  # the checkpoint's data.num_workers needs torch to read
+    # the loader's processes, on a GPU only (the checkpoint's data.num_workers needs torch to read)
+    apply_threads(args.threads, 0 if args.device.startswith("cpu") else DataConfig().num_workers)
     from wsss.evaluation.cam_eval import parse_thresholds, run_cam_eval
     from wsss.utils.distributed import check_launcher, finish_distributed, rank_and_world
 

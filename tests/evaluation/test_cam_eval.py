@@ -193,3 +193,36 @@ def test_batches_of_one_size_score_and_save_as_one_image_at_a_time(tiny_voc, ran
         else:
             got, expected = (np.load(io.BytesIO(f[name])).astype(np.float32) for f in (files[3], files[1]))
             np.testing.assert_allclose(got, expected, atol=1e-3)
+
+
+class Applied(BaseException):
+    """Raised by the stand-in of tools/eval_cams.py's apply_threads: the tool got there."""
+
+
+def test_the_cpu_reads_the_images_itself_and_gives_the_model_every_thread(tiny_voc, random_checkpoint, monkeypatch):
+    """On the CPU no loader process runs beside the model, and tools/eval_cams.py counts none when it sets the model's
+    threads (a worker took a CPU from them on a 2-core machine: 34.1 / 34.4 s against 23.4 / 24.5 s,
+    docs/benchmarks.md); on a GPU the config's data.num_workers decode, counted."""
+    path, model, cfg, mean, std = random_checkpoint
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, num_workers=2))
+    workers, real_loader = [], cam_eval.DataLoader
+
+    def loader(*args, **kwargs):
+        workers.append(kwargs["num_workers"])
+        return real_loader(*args, **kwargs)
+
+    monkeypatch.setattr(cam_eval, "DataLoader", loader)
+    evaluate_cams(model, VOCSegDataset(cfg.data, mean, std, split="train"), cfg, [0.5], "cpu", progress=False)
+    assert workers == [0]
+
+    counted = []
+
+    def apply_threads(threads, workers=0):
+        counted.append(workers)
+        raise Applied
+
+    monkeypatch.setattr(eval_cams_cli, "apply_threads", apply_threads)
+    for device in ("cpu", "cuda"):
+        with pytest.raises(Applied):
+            eval_cams_cli.main([str(path), "--device", device])
+    assert counted == [0, 2]

@@ -251,7 +251,10 @@ def evaluate_cams(
     batch_size = default_batch_size(cfg.infer, device) if batch_size is None else batch_size
     if batch_size < 1:
         raise ValueError(f"--batch-size: must be >= 1, got {batch_size}")
-    loader = DataLoader(Subset(SkipUnreadable(dataset), share), batch_size=None, num_workers=cfg.data.num_workers,
+    # on the CPU the images are read in this process: a loader process takes a CPU from the model's threads
+    # (tools/eval_cams.py counts it) and costs more than it saves there (docs/benchmarks.md)
+    workers = cfg.data.num_workers if device.type == "cuda" else 0
+    loader = DataLoader(Subset(SkipUnreadable(dataset), share), batch_size=None, num_workers=workers,
                         collate_fn=identity)  # fmt: skip
     buckets = SizeBuckets(batch_size, cfg.infer.batch_pixels)
     palette = voc_palette()
