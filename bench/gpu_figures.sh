@@ -55,7 +55,8 @@ for name in "${steps[@]}"; do
       tests/test_energy_kernel.py tests/engine/test_cuda_step.py tests/inference/test_cuda_inference.py \
       tests/engine/test_graphs.py ;;
     suite) step "$name" 300 "${pytest[@]}" tests ;;
-    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 infer_voc infer_coco crf tests export suite)" >&2
+    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 infer_voc infer_coco crf tests export" \
+      "suite)" >&2
       exit 2 ;;
   esac
 done

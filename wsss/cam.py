@@ -73,10 +73,7 @@ def multiscale_cam(
         else:
             cam = _full_size(small, (h, w), flip)
             total = cam if total is None else total + cam
-    flat = total.flatten(2)
-    low = flat.amin(dim=2)[:, :, None, None]
-    high = flat.amax(dim=2)[:, :, None, None]
-    total.sub_(low).div_(high - low + NORM_EPS)  # normalize_cams in place: no second copy of the batch's maps
+    total = normalize_cams(total, inplace=True)  # no second copy of the batch's maps
     return total.mul_(labels.to(total.dtype)[:, :, None, None])
 
 
@@ -90,13 +87,15 @@ def _full_size(maps: Tensor, size: tuple[int, int], flip: bool) -> Tensor:
     return F.relu(cam)
 
 
-def normalize_cams(cams: Tensor) -> Tensor:
+def normalize_cams(cams: Tensor, inplace: bool = False) -> Tensor:
     """Min-max normalise each (image, class) plane of ``cams`` (B, K, H, W) to [0, 1]:
-    ``(x - min) / (max - min + 1e-5)``."""
+    ``(x - min) / (max - min + 1e-5)``; with ``inplace`` into ``cams`` (the same numbers)."""
     flat = cams.flatten(2)
-    low = flat.amin(dim=2, keepdim=True)
-    high = flat.amax(dim=2, keepdim=True)
-    return ((flat - low) / (high - low + NORM_EPS)).view_as(cams)
+    low = flat.amin(dim=2)[:, :, None, None]
+    high = flat.amax(dim=2)[:, :, None, None]
+    if inplace:
+        return cams.sub_(low).div_(high - low + NORM_EPS)
+    return (cams - low) / (high - low + NORM_EPS)
 
 
 def labels_from_mask(mask: Tensor, num_classes: int) -> Tensor:
