@@ -11,12 +11,16 @@ randomly initialised model of ``--config`` (``model.pretrained=""``; the toy's 7
   those for ``b`` images, over ``b``, at batch size ``b`` and ``--count-size`` (the counts do not depend on the image
   size), on ``--device``: what one more image costs, the set-up (the model's loading, the constants) cancelled out. On
   a GPU each is about one kernel launch; at batch 1 they are the per-image host overhead that batching divides.
+  ``--crf`` adds the export with ``--crf`` as a GPU runs it: the CRF in the exporting process (``CrfPool`` without
+  ``device="cpu"``), a batch's images in shared mean-field runs; its products in PyTorch (``infer.crf.kernel=torch``:
+  Triton's interpreter takes 90 s for one 64 x 48 image), where a GPU's fused kernels launch fewer per run. With
+  ``--time`` it adds the export with ``--crf`` as the tool runs it on ``--device``.
 - ``images/s`` (``--time``): wall time of the whole call for ``--num`` images at ``--size`` (the model's loading
   included), the better of ``--repeats``, on ``--device`` (PAR in PyTorch on the CPU, its Triton kernels on a GPU).
 
 Usage::
 
-    python bench/bench_export.py --batch-sizes 1 4 16
+    python bench/bench_export.py --batch-sizes 1 4 16 [--crf]
     python bench/bench_export.py --config configs/toy_centered.py --time --num 32 --batch-sizes 1 8
     python bench/bench_export.py --device cuda --time --num 256 --batch-sizes 1 16
 """
@@ -47,6 +51,8 @@ from wsss.data.transforms import backbone_mean_std  # noqa: E402
 from wsss.data.voc import VOCSegDataset  # noqa: E402
 from wsss.engine.checkpoint import save_checkpoint  # noqa: E402
 from wsss.evaluation.cam_eval import evaluate_cams, parse_thresholds  # noqa: E402
+from wsss.inference.crf import CrfPool  # noqa: E402
+from wsss.inference.exports import pseudo_labels as export_module  # noqa: E402
 from wsss.inference.exports.pseudo_labels import ExportOptions, export_pseudo_labels  # noqa: E402
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint  # noqa: E402
 from wsss.models import build_model  # noqa: E402
@@ -83,10 +89,22 @@ def make_checkpoint(config: str, root: Path, path: Path, par: str) -> Path:
     return path
 
 
-def run_export(ckpt: Path, out: Path, images: int, batch_size: int, device: str) -> None:
+def run_export(ckpt: Path, out: Path, images: int, batch_size: int, device: str, crf: bool = False) -> None:
     options = ExportOptions(split=f"first{images}", batch_size=batch_size, num_workers=0, overwrite=True,
-                            progress=False)  # fmt: skip
+                            progress=False, crf=crf)  # fmt: skip
     export_pseudo_labels(ckpt, out, options, device)
+
+
+def run_export_crf_as_on_a_gpu(ckpt: Path, out: Path, images: int, batch_size: int, device: str) -> None:
+    """The export with the CRF as on a GPU, its products in PyTorch (the module docstring)."""
+    options = ExportOptions(split=f"first{images}", batch_size=batch_size, num_workers=0, overwrite=True,
+                            progress=False, crf=True, cfg_options={"infer.crf.kernel": "torch"})  # fmt: skip
+    pool = export_module.CrfPool
+    export_module.CrfPool = lambda cfg, workers, device: CrfPool(cfg, workers)  # in this process, as on a GPU
+    try:
+        export_pseudo_labels(ckpt, out, options, device)
+    finally:
+        export_module.CrfPool = pool
 
 
 def run_cam_eval(ckpt: Path, images: int, batch_size: int, device: str) -> None:
@@ -118,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--count-size", type=int, nargs=2, default=(64, 48), metavar=("W", "H"))
     parser.add_argument("--time", action="store_true", help="also time --num images at --size")
+    parser.add_argument("--crf", action="store_true", help="also count the export with --crf as on a GPU")
     parser.add_argument("--num", type=int, default=16)
     parser.add_argument("--size", type=int, nargs=2, default=(500, 375), metavar=("W", "H"))
     parser.add_argument("--device", default="cpu")
@@ -136,30 +155,34 @@ def main(argv: list[str] | None = None) -> int:
         counts = {n for b in args.batch_sizes for n in (b, 2 * b)}
         small = make_set(work / "small", max(counts), tuple(args.count_size), counts)
         ckpt = make_checkpoint(args.config, small, work / "small.pth", args.par_kernel)
-        print("| batch size | export ops / image | eval_cams --pseudo ops / image |\n|---:|---:|---:|")
+        runs = {"export": partial(run_export, ckpt, work / "out"), "eval_cams --pseudo": partial(run_cam_eval, ckpt)}
+        if args.crf:
+            runs["export --crf"] = partial(run_export_crf_as_on_a_gpu, ckpt, work / "out")
+        print(f"| batch size | {' | '.join(f'{name} ops / image' for name in runs)} |\n|---:{'|---:' * len(runs)}|")
         for b in args.batch_sizes:
-            export = [ops(partial(run_export, ckpt, work / "out", n, b, args.device)) for n in (b, 2 * b)]
-            cam_eval = [ops(partial(run_cam_eval, ckpt, n, b, args.device)) for n in (b, 2 * b)]
-            print(f"| {b} | {(export[1] - export[0]) / b:,.0f} | {(cam_eval[1] - cam_eval[0]) / b:,.0f} |", flush=True)
+            counts = [[ops(partial(run, n, b, args.device)) for n in (b, 2 * b)] for run in runs.values()]
+            print(f"| {b} | {' | '.join(f'{(c[1] - c[0]) / b:,.0f}' for c in counts)} |", flush=True)
         if not args.time:
             return 0
         large = make_set(work / "large", args.num, tuple(args.size), {args.num})
         ckpt = make_checkpoint(args.config, large, work / "large.pth", "fused" if args.device != "cpu" else "torch")
+        timed = {"export": partial(run_export, ckpt, work / "out"), "eval_cams --pseudo": partial(run_cam_eval, ckpt)}
+        if args.crf:  # the CRF as the tool runs it on --device
+            timed["export --crf"] = partial(run_export, ckpt, work / "out", crf=True)
         print(f"\n{args.num} images of {args.size[0]} x {args.size[1]}, images/s (seconds)\n"
-              "| batch size | export | eval_cams --pseudo |\n|---:|---:|---:|")  # fmt: skip
+              f"| batch size | {' | '.join(timed)} |\n|---:{'|---:' * len(timed)}|")  # fmt: skip
         for b in args.batch_sizes:
             rates = []
-            for run in (partial(run_export, ckpt, work / "out", args.num, b, args.device),
-                        partial(run_cam_eval, ckpt, args.num, b, args.device)):  # fmt: skip
+            for run in timed.values():
                 best = np.inf
                 for _ in range(args.repeats):
                     tic = time.perf_counter()
-                    run()
+                    run(args.num, b, args.device)
                     if args.device.startswith("cuda"):
                         torch.cuda.synchronize()
                     best = min(best, time.perf_counter() - tic)
                 rates.append(f"{args.num / best:.2f} ({best:.1f} s)")
-            print(f"| {b} | {rates[0]} | {rates[1]} |", flush=True)
+            print(f"| {b} | {' | '.join(rates)} |", flush=True)
     return 0
 
 

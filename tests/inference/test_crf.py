@@ -408,9 +408,9 @@ def test_a_batch_runs_in_calls_that_fit_the_budget(monkeypatch):
     runs = []
     real = crf_module._mean_field
 
-    def spy(images, probs, cfg, dtype):
+    def spy(images, probs, *args):
         runs.append([tuple(p.shape) for p in probs])
-        return real(images, probs, cfg, dtype)
+        return real(images, probs, *args)
 
     monkeypatch.setattr(crf_module, "_mean_field", spy)
     sizes = [(80, 100, 2), (70, 90, 5), (40, 50, 2), (200, 300, 2), (30, 40, 3)]
@@ -431,9 +431,9 @@ def test_on_the_cpu_large_images_run_one_by_one(monkeypatch):
     runs = []
     real = crf_module._mean_field
 
-    def spy(images, probs, cfg, dtype):
+    def spy(images, probs, *args):
         runs.append(len(probs))
-        return real(images, probs, cfg, dtype)
+        return real(images, probs, *args)
 
     monkeypatch.setattr(crf_module, "_mean_field", spy)
     small = [colour_noise_case(seed=k, height=20, width=30) for k in range(3)]
@@ -452,9 +452,9 @@ def test_the_pools_batch_lets_each_runs_marginals_go_before_the_next_run(monkeyp
     made, held = [], []
     real = crf_module._mean_field
 
-    def spy(images, probs, cfg, dtype):
+    def spy(images, probs, *args):
         held.append(sum(ref() is not None for ref in made))
-        out = real(images, probs, cfg, dtype)
+        out = real(images, probs, *args)
         made.extend(weakref.ref(q) for q in out)
         return out
 
@@ -468,34 +468,59 @@ def test_the_pools_batch_lets_each_runs_marginals_go_before_the_next_run(monkeyp
         np.testing.assert_array_equal(got, crf_labels(image, probs, cfg))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_stacked_probability_maps_of_one_image_equal_each_alone(backend):
-    """The pseudo-label export's three score stacks of one image: crf_labels_stacked (one pair of lattices, each
-    stack normalised on its own) and the pool's submit_stacked give each stack's own crf_labels."""
-    image, _ = colour_noise_case(seed=5, height=30, width=41)
-    rng = np.random.default_rng(5)
-    stacks = np.stack([rng.dirichlet(np.full(4, 0.4), size=(30, 41)).transpose(2, 0, 1) for _ in range(3)])
+def stacked_case(seed: int, height: int, width: int, classes: int) -> tuple[np.ndarray, torch.Tensor]:
+    """An image of colour noise and three (S, C, H, W) stacks of random probabilities, one class absent from the
+    second stack."""
+    image, _ = colour_noise_case(seed=seed, height=height, width=width)
+    rng = np.random.default_rng(seed)
+    stacks = np.stack([rng.dirichlet(np.full(classes, 0.4), size=(height, width)).transpose(2, 0, 1) for _ in range(3)])
     stacks = torch.from_numpy(stacks.astype(np.float32))
-    stacks[1, 3] = 0.0  # a class one stack does not have
+    stacks[1, classes - 1] = 0.0  # a class one stack does not have
     stacks[1] /= stacks[1].sum(0)
+    return image, stacks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stacked_probability_maps_equal_each_alone(backend, monkeypatch):
+    """The pseudo-label export's three score stacks of an image: crf_labels_stacked (one pair of lattices, each
+    stack normalised on its own) and the pool's submit_stacked give each stack's own crf_labels; the pool in this
+    process (a GPU's way) runs a batch of images of other sizes and class counts in one mean-field run."""
+    cases = [stacked_case(5, 30, 41, 4), stacked_case(6, 25, 33, 2), stacked_case(7, 30, 41, 5)]
     cfg = crf_cfg(backend)
-    want = [crf_labels(image, p.numpy(), cfg) for p in stacks]
-    got = crf_module.crf_labels_stacked(image, stacks, cfg)
+    want = [[crf_labels(image, p.numpy(), cfg) for p in stacks] for image, stacks in cases]
+    got = crf_module.crf_labels_stacked(*cases[0], cfg)
     assert got.dtype == torch.uint8 and got.shape == (3, 30, 41)
     for k in range(3):
-        np.testing.assert_array_equal(got[k].numpy(), want[k])
-    for workers, device in ((0, None), (1, "cpu")):  # in this process; in a worker (one job for the three)
+        np.testing.assert_array_equal(got[k].numpy(), want[0][k])
+    runs, mean_field = [], crf_module._mean_field
+
+    def counted(images, *args):
+        runs.append(len(images))
+        return mean_field(images, *args)
+
+    monkeypatch.setattr(crf_module, "_mean_field", counted)
+    for workers, device in ((0, None), (1, "cpu")):  # in this process, the batch together; a job per image in a worker
         with CrfPool(cfg, workers=workers, device=device) as pool:
-            for future, labels in zip(pool.submit_stacked(image, stacks), want, strict=True):
-                np.testing.assert_array_equal(future.result(), labels)
-            bad = pool.submit_stacked(image[:20], stacks)  # the image's size is not the maps'
-            assert len(bad) == 3
+            runs.clear()
+            futures = pool.submit_stacked([image for image, _ in cases], [stacks for _, stacks in cases])
+            assert [len(f) for f in futures] == [3, 3, 3]
+            if device is None and backend == "torch":
+                assert runs == [3]  # one mean-field run for the three images
+            for image_futures, image_want in zip(futures, want, strict=True):
+                for future, labels in zip(image_futures, image_want, strict=True):
+                    np.testing.assert_array_equal(future.result(), labels)
+            images = [cases[0][0][:20], cases[1][0]]  # the first image's size is not its maps'
+            bad, good = pool.submit_stacked(images, [cases[0][1], cases[1][1]])
             for future in bad:
                 with pytest.raises(ValueError, match=r"needs an \(H, W, 3\) image"):
                     future.result()
-    assert not (want[0] == want[1]).all()  # the stacks differ: a mixed-up stack would show
+            for future, labels in zip(good, want[1], strict=True):  # the other image of its batch is not lost
+                np.testing.assert_array_equal(future.result(), labels)
+            with pytest.raises(ValueError, match="one S for all"):
+                pool.submit_stacked([cases[0][0], cases[1][0]], [cases[0][1], cases[1][1][:2]])
+    assert not (want[0][0] == want[0][1]).all()  # the stacks differ: a mixed-up stack would show
     with pytest.raises(ValueError, match=r"\(S, C, H, W\)"):
-        crf_module.crf_labels_stacked(image, stacks[0], cfg)
+        crf_module.crf_labels_stacked(cases[0][0], cases[0][1][0], cfg)
 
 
 PEAK_CHILD = """

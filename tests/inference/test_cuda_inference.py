@@ -153,15 +153,19 @@ def test_the_crf_waits_for_the_device_per_batch_not_per_image(toy_checkpoint, tm
     assert syncs_per_batch(*toy_checkpoint, tmp_path, options) == (CRF_SYNCS_PER_BATCH, 0)
 
 
-@emulated_counts
-def test_the_pseudo_label_export_waits_for_the_device_once_per_batch_and_equals_the_cpu(toy_checkpoint, tmp_path):
-    """The masks of a batch of same-size images come to the host in one copy (the classes counted on the host); the
-    masks are the CPU export's. PAR in PyTorch: Triton cannot run on emulated tensors."""
-    root, ckpt = toy_checkpoint
+EXPORT_CRF_SYNCS_PER_BATCH = 7
+"""The pseudo-label export's host syncs per batch with the CRF, whatever the batch size (one mean-field run for a
+batch of four 200 x 160 images): the probabilities' finiteness, the labels of the batch's three stacks (one copy),
+the channels' classes (one copy), and two per lattice (its key box, its number of points)."""
+
+
+def export_syncs(root, ckpt, tmp_path, crf: bool) -> tuple[dict[tuple[int, int], int], dict]:
+    """The export's host syncs over 2 images in a batch of 2, 4 in batches of 2 and 4 in a batch of 4 (the emulated
+    device; PAR in PyTorch: Triton cannot run on emulated tensors), and its options."""
     ids = [f"train_{i:05d}" for i in range(4)]
     data = resized_copy(root, tmp_path / "data", dict.fromkeys(ids, (200, 160)))
-    options = {"cfg_options": {"par.kernel": "torch", "data.root": str(data)}, "overwrite": True, "progress": False,
-               "num_workers": 0}  # fmt: skip
+    cfg_options = {"par.kernel": "torch", "data.root": str(data), "infer.crf.kernel": "torch"}
+    options = {"cfg_options": cfg_options, "overwrite": True, "progress": False, "num_workers": 0, "crf": crf}
     syncs = {}
     for count, batch_size in ((2, 2), (4, 2), (4, 4)):
         split = tmp_path / f"split{count}.txt"
@@ -170,12 +174,32 @@ def test_the_pseudo_label_export_waits_for_the_device_once_per_batch_and_equals_
         with fake_cuda() as mode:
             export_pseudo_labels(ckpt, tmp_path / f"cuda{count}-{batch_size}", export, "cuda")
         syncs[count, batch_size] = len(mode.syncs)
+    return syncs, {**options, "split": str(split)}
+
+
+@emulated_counts
+def test_the_pseudo_label_export_waits_for_the_device_once_per_batch_and_equals_the_cpu(toy_checkpoint, tmp_path):
+    """The masks of a batch of same-size images come to the host in one copy (the classes counted on the host); the
+    masks are the CPU export's."""
+    syncs, options = export_syncs(*toy_checkpoint, tmp_path, crf=False)
     assert (syncs[4, 2] - syncs[2, 2], syncs[4, 4] - syncs[2, 2]) == (1, 0)  # one per batch
-    export_pseudo_labels(ckpt, tmp_path / "cpu", ExportOptions(split=str(split), batch_size=1, **options), "cpu")
+    export_pseudo_labels(toy_checkpoint[1], tmp_path / "cpu", ExportOptions(batch_size=1, **options), "cpu")
     masks = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.png"))
     assert len(masks) == 8  # two masks per image
     for mask in masks:
         np.testing.assert_array_equal(read_mask(tmp_path / "cuda4-4" / mask), read_mask(tmp_path / "cpu" / mask))
+
+
+@emulated_counts
+def test_the_pseudo_label_export_with_the_crf_waits_for_the_device_per_batch_not_per_image(
+    toy_checkpoint, tmp_path, monkeypatch
+):
+    """The batch's images share the CRF's mean-field runs, their labels come to the host in one copy and are mapped to
+    classes there. The lattices are built as on a GPU (:func:`crf_stand_ins`; the masks are compared with the CPU's
+    in tests/inference/test_pseudo_export.py, "crf-together")."""
+    crf_stand_ins(monkeypatch)
+    syncs, _ = export_syncs(*toy_checkpoint, tmp_path, crf=True)
+    assert (syncs[4, 2] - syncs[2, 2], syncs[4, 4] - syncs[2, 2]) == (EXPORT_CRF_SYNCS_PER_BATCH, 0)
 
 
 @emulated_counts

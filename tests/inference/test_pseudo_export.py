@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -155,11 +156,12 @@ class LazyCrf:
     def __exit__(self, *exc):
         return None
 
-    def submit_stacked(self, image, probs):
+    def submit_stacked(self, images, probs):
         self.unfinished.append(sum(not job.done() for job in self.jobs))
-        stack = [LazyJob(lambda: crf_module.crf_labels_stacked(image, probs, self.cfg).numpy())]
-        self.jobs += stack
-        return [LazyPart(stack[0], s) for s in range(len(probs))]
+        jobs = [LazyJob(partial(lambda i, p: crf_module.crf_labels_stacked(i, p, self.cfg).numpy(), i, p))
+                for i, p in zip(images, probs, strict=True)]  # fmt: skip
+        self.jobs += jobs
+        return [[LazyPart(job, s) for s in range(len(p))] for job, p in zip(jobs, probs, strict=True)]
 
 
 class LazyJob(Future):
@@ -201,28 +203,43 @@ def test_the_export_waits_for_at_most_two_images_per_crf_worker(toy_checkpoint, 
     assert len(pngs) == 12 and all(outputs(out)[k] == outputs(inline)[k] for k in pngs)
 
 
-@pytest.mark.parametrize("crf", [False, True], ids=["argmax", "crf"])
+@pytest.mark.parametrize("crf", ["argmax", "crf", "crf-together"])
 def test_batches_of_one_size_write_the_masks_of_one_image_at_a_time(toy_checkpoint, tmp_path, monkeypatch, crf):
     """--batch-size 4 over the 4 train images at one size (1, 1, 2 and 1 classes: the batch's stacks are padded) and
-    the 2 val images at another: a batch of 4 and one of 2, the masks byte for byte those of batches of 1."""
+    the 2 val images at another: a batch of 4 and one of 2, the masks byte for byte those of batches of 1. With
+    ``crf-together`` the batch's CRF runs as on a GPU (the pool in the exporting process, the images of a batch in
+    shared mean-field runs: two per run on the CPU, CPU_RUN_PIXELS)."""
     root, ckpt = toy_checkpoint
     sizes = {**{f"train_{i:05d}": (200, 160) for i in range(4)}, **{f"val_{i:05d}": (160, 200) for i in range(2)}}
     data = resized_copy(root, tmp_path / "data", sizes)
-    batches, real_cam = [], export_module.multiscale_cam
+    batches, runs, real_cam, real_field = [], [], export_module.multiscale_cam, crf_module._mean_field
+    real_pool = export_module.CrfPool
 
     def recording_cam(cam_fn, images, labels, scales, **options):
         batches.append(labels.sum(dim=1).tolist())  # the classes of each image of the batch
         return real_cam(cam_fn, images, labels, scales, **options)
 
+    def recording_field(images, probs, *args):
+        runs.append([p.shape[0] for p in probs])  # the channels of each image of the run
+        return real_field(images, probs, *args)
+
+    def pool_in_process(cfg, workers, device):  # as on a GPU
+        return real_pool(cfg, workers, device=None)
+
     monkeypatch.setattr(export_module, "multiscale_cam", recording_cam)
+    monkeypatch.setattr(crf_module, "_mean_field", recording_field)
     trees = {}
     for batch_size in ("1", "4"):
         batches.clear()
+        runs.clear()
+        if crf == "crf-together" and batch_size == "4":
+            monkeypatch.setattr(export_module, "CrfPool", pool_in_process)
         out = tmp_path / batch_size
         args = [str(ckpt), str(out), *ARGS, "--batch-size", batch_size, "--cfg-options", f"data.root={data}"]
-        assert export_cli.main(args + (["--crf", "--crf-workers", "0"] if crf else [])) == 0
+        assert export_cli.main(args + (["--crf", "--crf-workers", "0"] if crf != "argmax" else [])) == 0
         trees[batch_size] = {k: v for k, v in outputs(out).items() if k.endswith(".png")}
     assert batches == [[1, 1, 2, 1], [1, 1]]
+    assert runs == {"argmax": [], "crf": [[6], [6], [9], [6], [6], [6]], "crf-together": [[6, 6], [9, 6], [6, 6]]}[crf]
     assert len(trees["1"]) == 12 and trees["4"] == trees["1"]
 
 

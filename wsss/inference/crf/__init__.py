@@ -136,10 +136,7 @@ def crf_labels_stacked(image: np.ndarray | Tensor, probs: Tensor, cfg: CrfConfig
         raise ValueError(f"crf_labels returns uint8 class indices; {classes} classes do not fit")
     if cfg.backend != "torch":
         return torch.stack([_tensor(crf_labels(image, p, cfg), np.uint8).to(probs.device) for p in probs])
-    with torch.no_grad(), torch.autocast(probs.device.type, enabled=False):
-        small_image, small, run_cfg = _reduced(image, flat.float(), cfg)
-        q = _mean_field([small_image], [small], run_cfg, torch.float32, stacks)[0]
-    return torch.stack([_labels(m, tuple(probs.shape[2:])) for m in q.view(stacks, classes, *q.shape[1:])])
+    return _stack_labels(*next(_refine_batch([image], [flat.float()], cfg, torch.float32, stacks)), stacks)
 
 
 def working_size(height: int, width: int, classes: int, cfg: CrfConfig) -> tuple[int, int]:
@@ -198,17 +195,18 @@ def _refine_one(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: Crf
 
 
 def _refine_batch(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], cfg: CrfConfig,
-                  dtype: torch.dtype) -> Iterator[tuple[Tensor, tuple]]:  # fmt: skip
+                  dtype: torch.dtype, stacks: int = 1) -> Iterator[tuple[Tensor, tuple]]:  # fmt: skip
     """(marginals at :func:`working_size`, (H, W)) of each checked image, in runs that fit the budget, a run at a time:
-    a caller that keeps less than the marginals (:func:`_torch_jobs`: the labels) holds one run's at once."""
+    a caller that keeps less than the marginals (:func:`_torch_jobs`: the labels) holds one run's at once. With
+    ``stacks`` > 1 each image's channels are that many stacks of classes (:func:`_mean_field`)."""
     cpu = bool(probs) and probs[0].device.type == "cpu"
     for run in _runs([tuple(p.shape) for p in probs], cfg, CPU_RUN_PIXELS if cpu else None):
         with torch.no_grad(), torch.autocast(probs[0].device.type, enabled=False):  # float32 products, no graph
             if len(run) == 1:  # alone: at a reduced resolution when over the budget
                 image, small, run_cfg = _reduced(images[run[0]], probs[run[0]], cfg)
-                q = _mean_field([image], [small], run_cfg, dtype)
+                q = _mean_field([image], [small], run_cfg, dtype, stacks)
             else:
-                q = _mean_field([images[k] for k in run], [probs[k] for k in run], cfg, dtype)
+                q = _mean_field([images[k] for k in run], [probs[k] for k in run], cfg, dtype, stacks)
         for k in run:  # each image's marginals handed over, and let go, in turn
             yield q.pop(0), tuple(probs[k].shape[1:])
 
@@ -250,6 +248,11 @@ def _full_size(q: Tensor, size: tuple[int, int]) -> Tensor:
     return q if tuple(q.shape[1:]) == tuple(size) else BandResize(q.shape[1:], size, q.device).full(q)
 
 
+def _stack_labels(q: Tensor, size: tuple[int, int], stacks: int) -> Tensor:
+    """(S, H, W) uint8 :func:`_labels` of each of the ``stacks`` stacks of classes of the marginals ``q``."""
+    return torch.stack([_labels(m, size) for m in q.view(stacks, -1, *q.shape[1:])])
+
+
 def _labels(q: Tensor, size: tuple[int, int]) -> Tensor:
     """(H, W) uint8 argmax of the (C, h, w) marginals ``q`` resized to ``size`` (H, W), a band of rows at a time."""
     if tuple(q.shape[1:]) == tuple(size):
@@ -263,12 +266,13 @@ def _labels(q: Tensor, size: tuple[int, int]) -> Tensor:
 
 def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], cfg: CrfConfig,
                 dtype: torch.dtype, stacks: int = 1) -> list[Tensor]:  # fmt: skip
-    """The (C_i, H_i, W_i) marginals of each image. With ``stacks`` > 1 (one image), its C channels are that many
-    stacks of C / stacks classes, each normalised on its own (:func:`crf_labels_stacked`)."""
+    """The (C_i, H_i, W_i) marginals of each image. With ``stacks`` > 1 each image's C_i channels are that many stacks
+    of C_i / stacks classes, each normalised on its own (:func:`crf_labels_stacked`); the images' stacks are padded to
+    the most classes of any (absent classes: p = 0)."""
     device = probs[0].device
     sizes = [p.shape[1] * p.shape[2] for p in probs]
-    classes = max(p.shape[0] for p in probs)
-    unary = torch.full((sum(sizes), classes), float("inf"), dtype=dtype, device=device)  # absent classes: p = 0
+    classes = max(p.shape[0] for p in probs) // stacks  # per stack
+    unary = torch.full((sum(sizes), stacks, classes), float("inf"), dtype=dtype, device=device)  # absent: p = 0
     rows, features_g, features_b = 0, [], []
     sxy_g, sxy_b, srgb = (to_device(torch.tensor(v, dtype=torch.float32), device)
                           for v in (cfg.gaussian_sxy, cfg.bilateral_sxy, cfg.bilateral_srgb))  # fmt: skip
@@ -276,7 +280,8 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
         if p.device != device:
             raise ValueError(f"dense_crf_batch needs every probability tensor on one device: {p.device} != {device}")
         c, h, w = p.shape
-        unary[rows : rows + h * w, :c] = -p.detach().float().reshape(c, -1).T.clamp(UNARY_CLIP, 1.0).log().to(dtype)
+        values = p.detach().float().reshape(stacks, c // stacks, -1).permute(2, 0, 1)
+        unary[rows : rows + h * w, :, : c // stacks] = -values.clamp(UNARY_CLIP, 1.0).log().to(dtype)
         rows += h * w
         y, x = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
         xy = torch.stack([x.reshape(-1), y.reshape(-1)], dim=1).float()  # pydensecrf: feature (x, y) = (column, row)
@@ -297,12 +302,11 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
             filtered = lattice.filter(ones)
         norm = (filtered + NORM_EPS).rsqrt()
         kernels.append(lattice.scaled(compat * norm, norm))  # Potts: -compat * filtered, subtracted
-    prior = unary.neg_()  # -unary, in its buffer
-    per_stack = prior.shape[1] // stacks
+    prior = unary.view(unary.shape[0], -1).neg_()  # -unary, in its buffer
     # every buffer made once: a fresh one per product or iteration costs its page faults on the CPU (Lattice.filter)
     workspace = workspace_for(kernels, prior.shape[1], dtype, device) if kernels else None
     q, message = torch.empty_like(prior), prior.clone()
-    _softmax(message.view(-1, per_stack), q.view(-1, per_stack))
+    _softmax(message.view(-1, classes), q.view(-1, classes))  # each stack on its own
     # fused: message = prior + each kernel's filter in one launch per product, and the last slice takes the softmax
     # into q where one program holds a row's classes
     fused = fused and bool(kernels)
@@ -317,11 +321,11 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
             else:
                 lattice.filter(q, add_to=message, workspace=workspace)
         if not fused_softmax:
-            _softmax(message.view(-1, per_stack), q.view(-1, per_stack))
-    out, rows = [], 0
+            _softmax(message.view(-1, classes), q.view(-1, classes))  # each stack on its own
+    out, rows, q = [], 0, q.view(-1, stacks, classes)
     for p in probs:
         c, h, w = p.shape
-        out.append(q[rows : rows + h * w, :c].T.reshape(c, h, w).contiguous())
+        out.append(q[rows : rows + h * w, :, : c // stacks].permute(1, 2, 0).reshape(c, h, w).contiguous())
         rows += h * w
     return out
 
@@ -514,17 +518,29 @@ class CrfPool:
             return [self._executor.submit(crf_labels, i, p, self.cfg) for i, p in zip(images, probs, strict=True)]
         return [_run_now(crf_labels, i, p, self.cfg) for i, p in zip(images, probs, strict=True)]
 
-    def submit_stacked(self, image: np.ndarray, probs: Tensor) -> list[Future]:
-        """:meth:`submit` of S probability maps of one image, (S, C, H, W): with the ``torch`` backend one job of
-        :func:`crf_labels_stacked` (one pair of lattices for all; in the calling process, or in a worker with
-        ``device="cpu"``), with pydensecrf S jobs."""
+    def submit_stacked(self, images: Sequence[np.ndarray], probs: Sequence[Tensor]) -> list[list[Future]]:
+        """:meth:`submit_batch` of S probability maps per image, (S, C_i, H_i, W_i) each (the same S for all) -> for
+        each image S futures of its (H_i, W_i) uint8 labels. The ``torch`` backend filters an image's S maps together
+        over one pair of lattices (:func:`crf_labels_stacked`): in the calling process the batch in as few
+        mean-field runs as the memory budget allows, in a worker (``device="cpu"``) one job per image; pydensecrf
+        runs S jobs per image."""
+        if any(p.ndim != 4 for p in probs) or len({len(p) for p in probs}) > 1:
+            shapes = [tuple(p.shape) for p in probs]
+            raise ValueError(f"submit_stacked needs (S, C, H, W) probabilities with one S for all, got {shapes}")
+        pairs = list(zip(images, probs, strict=True))
+        if not pairs:
+            return []
         if self.cfg.backend != "torch":
-            return self.submit_batch([image] * len(probs), list(probs))
-        if self._executor is not None:
-            stacked = self._executor.submit(_stacked_numpy, image, _numpy(probs), self.cfg)
+            each = len(probs[0])
+            flat = self.submit_batch([i for i, p in pairs for _ in p], [m for _, p in pairs for m in p])
+            return [flat[k * each : (k + 1) * each] for k in range(len(pairs))]
+        if self.batched:
+            jobs = _torch_jobs(images, [p.reshape(-1, *p.shape[2:]) for p in probs], self.cfg, len(probs[0]))
+        elif self._executor is not None:
+            jobs = [self._executor.submit(_stacked_numpy, i, _numpy(p), self.cfg) for i, p in pairs]
         else:
-            stacked = _run_now(_stacked_numpy, image, probs, self.cfg)
-        return [_part(stacked, s) for s in range(len(probs))]
+            jobs = [_run_now(_stacked_numpy, i, p, self.cfg) for i, p in pairs]
+        return [[_part(job, s) for s in range(len(p))] for job, (_, p) in zip(jobs, pairs, strict=True)]
 
     def close(self) -> None:
         """Wait for the queued jobs and stop the workers."""
@@ -585,21 +601,25 @@ def _part(job: Future, index: int) -> Future:
     return part
 
 
-def _torch_jobs(images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tensor], cfg: CrfConfig) -> list[Future]:
-    """Finished futures of (H, W) uint8 numpy labels: the images whose inputs pass the checks run in as few
-    mean-field runs as the memory budget allows, the others fail alone. On a GPU the host waits for the checks once
-    and for the labels once (one copy of them all)."""
+def _torch_jobs(images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tensor], cfg: CrfConfig,
+                stacks: int = 1) -> list[Future]:  # fmt: skip
+    """Finished futures of (H, W) uint8 numpy labels (with ``stacks`` > 1 of (S, H, W): each image's channels that many
+    stacks of classes, :func:`crf_labels_stacked`): the images whose inputs pass the checks run in as few mean-field
+    runs as the memory budget allows, the others fail alone. On a GPU the host waits for the checks once and for the
+    labels once (one copy of them all)."""
     futures = []
-    for error in _check_pairs(images, probs):
+    for p, error in zip(probs, _check_pairs(images, probs), strict=True):
         futures.append(Future())
+        if error is None and p.shape[0] // stacks > 256:
+            error = ValueError(f"crf_labels returns uint8 class indices; {p.shape[0] // stacks} classes do not fit")
         if error is not None:
             futures[-1].set_exception(error)
     ok = [k for k, future in enumerate(futures) if not future.done()]
     tensors = [_tensor(probs[k], np.float32) for k in ok]
     try:
         labels = []
-        for q, size in _refine_batch([images[k] for k in ok], tensors, cfg, torch.float32):
-            labels.append(_labels(q, size))
+        for q, size in _refine_batch([images[k] for k in ok], tensors, cfg, torch.float32, stacks):
+            labels.append(_stack_labels(q, size, stacks))
             del q  # before the next run starts
         flat = torch.cat([m.reshape(-1) for m in labels]).cpu().numpy() if labels else None
     except Exception as err:  # delivered through the futures, as a pool would
@@ -608,5 +628,5 @@ def _torch_jobs(images: Sequence[np.ndarray], probs: Sequence[np.ndarray | Tenso
         return futures
     ends = np.cumsum([m.numel() for m in labels])
     for k, m, part in zip(ok, labels, np.split(flat, ends[:-1]), strict=True):
-        futures[k].set_result(part.reshape(m.shape))
+        futures[k].set_result(part.reshape(m.shape[1:] if stacks == 1 else m.shape))
     return futures

@@ -16,7 +16,8 @@ literature; never from masks), the model of the checkpoint (eval mode) gives mul
 
 Both are VOC-palette PNGs of class indices. With ``crf``, each of the three refined stacks, normalised to
 probabilities, goes through the dense CRF (``infer.crf.*``; the three together over one pair of lattices,
-:func:`wsss.inference.crf.crf_labels_stacked`) before its argmax, and the two CRF'd dual-threshold stacks are then
+:func:`wsss.inference.crf.crf_labels_stacked`; on a GPU a batch's images share mean-field runs,
+:meth:`~wsss.inference.crf.CrfPool.submit_stacked`) before its argmax, and the two CRF'd dual-threshold stacks are then
 combined by the same rule, so pixels stay 255 where the CRF-refined stacks disagree (AffinityNet's CRF of the low and
 high background scores): the CRF moves the uncertain band to image edges, it never fills it.
 
@@ -211,7 +212,7 @@ class PendingMasks:
     ready: tuple[np.ndarray, np.ndarray] | None
     """The (H, W) uint8 masks, made without the CRF; None while the CRF's jobs run."""
     keys: Tensor | None = None
-    """(K,) class of each channel the CRF got."""
+    """(K,) class of each channel the CRF got, on the host."""
     jobs: list[Future] = field(default_factory=list)
     """The CRF labels of the three stacks (high, low and single background plane)."""
     ignore_index: int = 255
@@ -223,12 +224,10 @@ class PendingMasks:
         """The (H, W) uint8 dual-threshold and single-threshold masks; waits for the CRF; raises a job's error."""
         if self.ready is not None:
             return self.ready
-        keys = self.keys  # each map's labels index its channels: their classes
-        high, low, single = (keys.take(to_device(torch.as_tensor(job.result()), keys.device).long())[None]
-                             for job in self.jobs)  # fmt: skip
-        certain = combine_dual_threshold(high, low, None, self.ignore_index)
-        both = torch.cat([certain, single]).to(torch.uint8).cpu().numpy()  # one copy to the host
-        return both[0], both[1]
+        # each map's labels index its channels: their classes (on the host, where the labels are)
+        high, low, single = (self.keys.take(torch.from_numpy(job.result()).long()) for job in self.jobs)
+        certain = combine_dual_threshold(high[None], low[None], None, self.ignore_index)[0]
+        return certain.to(torch.uint8).numpy(), single.to(torch.uint8).numpy()
 
 
 def pseudo_masks(
@@ -292,13 +291,11 @@ def submit_pseudo_masks(
         masks = torch.stack([certain, single], dim=1).to(torch.uint8).cpu().numpy()  # (B, 2, H, W): one copy
         return [PendingMasks((m[0], m[1])) for m in masks]
     counts = counts if counts is not None else (keys > 0).sum(dim=1).tolist()
-    pending = []
-    for i, raw in enumerate(raws or [None] * len(images)):
-        stack = scores[:, i, : 1 + counts[i]]  # this image's channels, without the batch's padding
-        probs = stack / stack.sum(dim=1, keepdim=True)
-        jobs = crf.submit_stacked(raw, probs)  # the three stacks over one pair of lattices (torch backend)
-        pending.append(PendingMasks(None, keys[i, : 1 + counts[i]], jobs, ignore))
-    return pending
+    stacks = [scores[:, i, : 1 + c] for i, c in enumerate(counts)]  # each image's channels, without the padding
+    # each image's three stacks over one pair of lattices (torch backend); on a GPU the batch's images together
+    jobs = crf.submit_stacked(raws or [None] * len(images), [s / s.sum(dim=1, keepdim=True) for s in stacks])
+    keys = keys.cpu()  # one copy for the batch (on a GPU the CRF's labels came to the host already)
+    return [PendingMasks(None, keys[i, : 1 + c], jobs[i], ignore) for i, c in enumerate(counts)]
 
 
 def export_pseudo_labels(
