@@ -18,7 +18,8 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
 ``--launches``: the operations the host dispatches per CRF call, on the CPU (the Triton kernels in Triton's
 interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the
 kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice, on a
-photograph shrunk to 48 x 64 (the counts do not depend on the size).
+photograph shrunk to 48 x 64 (the counts do not depend on the size); for 3 and 21 classes also three stacks of them
+(``crf_labels_stacked``, the pseudo-label export's call).
 
 Prints a markdown table (docs/benchmarks.md, "Dense CRF").
 """
@@ -191,10 +192,11 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
 
 def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iterations: int = 2) -> tuple[int, float]:
     """Operations of one ``dense_crf`` call of 0 iterations, and per iteration (the difference over ``iterations``),
-    the Triton kernels' launches counted as one each."""
+    the Triton kernels' launches counted as one each; (S, C, H, W) ``probs`` are S stacks of one image
+    (``crf_labels_stacked``, the pseudo-label export's call)."""
     import torch
 
-    from wsss.inference.crf import dense_crf, kernels
+    from wsss.inference.crf import crf_labels_stacked, dense_crf, kernels
     from wsss.utils.op_count import OpCounter
 
     counts = []
@@ -206,7 +208,8 @@ def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iteratio
             setattr(kernels, name, counter.launches(kernel))
         try:
             with counter:
-                dense_crf(image, torch.from_numpy(probs), replace(cfg, iterations=n))
+                call = crf_labels_stacked if probs.ndim == 4 else dense_crf
+                call(image, torch.from_numpy(probs), replace(cfg, iterations=n))
         finally:
             for name, kernel in zip(names, originals, strict=True):
                 setattr(kernels, name, kernel)
@@ -222,10 +225,14 @@ def launch_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     for name in args.cases:
         classes = CASES[name][1]
         image, probs = photographs(size, 1)[0], probabilities(size, classes, 0)
-        for kernel in ("torch", "fused"):
-            build, per_iteration = launch_counts(replace(cfg, kernel=kernel), image, probs)
-            print(f"| {name} ({classes} classes) | {kernel} | {build} | {per_iteration:g} | "
-                  f"{build + cfg.iterations * per_iteration:g} |", flush=True)  # fmt: skip
+        cases = [(f"{classes} classes", probs)]
+        if 3 * classes <= 128:  # the export's three stacks, whose softmax one program takes
+            cases.append((f"3 stacks of {classes}", np.stack([probabilities(size, classes, s) for s in range(3)])))
+        for label, p in cases:
+            for kernel in ("torch", "fused"):
+                build, per_iteration = launch_counts(replace(cfg, kernel=kernel), image, p)
+                print(f"| {name} ({label}) | {kernel} | {build} | {per_iteration:g} | "
+                      f"{build + cfg.iterations * per_iteration:g} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

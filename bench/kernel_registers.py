@@ -37,7 +37,8 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
     ``num_warps``, and ``num_stages`` and ``maxnreg`` where the launch sets them): the energy's 21 classes (K padded to
     32, two halves) at its default blocks and in each of its autotuner's configurations, PAR's 48 neighbours and up to
     16 channels per program, the CRF's products at 21 classes (the blurs' tile) and 81 (the last slice's softmax over a
-    128-wide row), its simplices of the Gaussian kernel's 2-d and the bilateral's 5-d features."""
+    128-wide row), the pseudo-label export's three stacks of 4 and 21 classes (a softmax per stack), its simplices of
+    the Gaussian kernel's 2-d and the bilateral's 5-d features."""
     e, p, c = energy_kernel, par_kernel, crf_kernels
     energy = {"feat_ptr": "*fp32", "val_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "D": "constexpr",
               "K2": "constexpr", "BLOCK_ROWS": "constexpr", "BLOCK_COLS": "constexpr"}  # fmt: skip
@@ -49,9 +50,10 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
                  "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
     product = {"crow_ptr": "*i32", "col_ptr": "*i32", "val_ptr": "*fp32", "x_ptr": "*fp32", "base_ptr": "*fp32",
                "out_ptr": "*fp32", "rows": "i32", "channels": "i32", "HAS_BASE": "constexpr", "SOFTMAX": "constexpr",
-               "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
-    crf = [dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(classes, softmax), strict=True)) | {"SOFTMAX": softmax}
-           for classes, softmax in ((21, False), (81, True))]  # fmt: skip
+               "GROUPS": "constexpr", "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
+    crf = [dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(channels, softmax), strict=True))
+           | {"SOFTMAX": softmax, "GROUPS": groups}
+           for channels, softmax, groups in ((21, False, 1), (81, True, 1), (12, True, 3), (63, True, 3))]  # fmt: skip
     blur = {"neighbour_ptr": "*i32", "second": "i32", "x_ptr": "*fp32", "out_ptr": "*fp32", "rows": "i32",
             "channels": "i32", "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
     simplex = {"features_ptr": "*fp32", "scale_ptr": "*fp32", "rem0_ptr": "*i64", "rank_ptr": "*i64",

@@ -17,6 +17,7 @@ from tests.inference.test_crf_parity import assert_same_crf, smooth_probs
 from wsss.config import CrfConfig
 from wsss.inference import crf as crf_module
 from wsss.inference.crf import (
+    CrfPool,
     crf_labels,
     crf_labels_stacked,
     dense_crf,
@@ -47,24 +48,27 @@ def csr(rows: int, cols: int, lengths: list[int], seed: int) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("rows", "lengths", "channels", "with_base", "softmax"),
     [
-        (300, [0, 3, 1, 17, 2], 5, False, False),  # empty rows, one row much longer than its block's others
-        (70, [3], 33, True, False),  # two channel blocks
-        (9, [6], 81, True, True),  # COCO's classes, the softmax over a 128-wide row
-        (40, [1, 2], 1, True, True),  # one channel: the softmax is 1
-        (513, [2], 21, False, True),  # a last block of one row
+        (300, [0, 3, 1, 17, 2], 5, False, 0),  # empty rows, one row much longer than its block's others
+        (70, [3], 33, True, 0),  # two channel blocks
+        (9, [6], 81, True, 1),  # COCO's classes, the softmax over a 128-wide row
+        (40, [1, 2], 1, True, 1),  # one channel: the softmax is 1
+        (513, [2], 21, False, 1),  # a last block of one row
+        (37, [3, 1], 12, True, 3),  # three stacks of 4 classes (the export's), each row's softmax per stack
+        (20, [2], 9, False, 3),  # three stacks of 3 classes in a 16-wide block
     ],
 )
 def test_a_product_is_the_dense_product(rows, lengths, channels, with_base, softmax):
-    """Against the dense float64 product, the base added and the softmax taken per row, rows of 0 to 17 entries."""
+    """Against the dense float64 product, the base added and the softmax taken per row (of each of ``softmax`` groups
+    of its channels), rows of 0 to 17 entries."""
     matrix = csr(rows, 50, lengths, seed=rows)
     g = torch.Generator().manual_seed(1)
     values = torch.randn(60, channels, generator=g).to(DEVICE)  # more rows than the matrix has columns
     base = torch.randn(rows, channels, generator=g).to(DEVICE) if with_base else None
     out = torch.full((rows, channels), float("nan"), device=DEVICE)
-    got = kernels.product(matrix, values, out, base=base, softmax=softmax)
+    got = kernels.product(matrix, values, out, base=base, softmax=softmax > 0, groups=max(softmax, 1))
     want = matrix.to_dense().double() @ values[:50].double() + (0 if base is None else base.double())
     if softmax:
-        want = want.softmax(1)
+        want = want.view(rows, softmax, -1).softmax(2).view(rows, channels)
     assert got is out
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
@@ -87,6 +91,8 @@ def test_the_kernel_refuses_what_it_cannot_read():
         kernels.simplices(torch.rand(4, 2, device=DEVICE), torch.ones(2, device="meta"), 1 / 3)
     with pytest.raises(ValueError, match="at most 128 channels, got 129"):
         kernels.product(matrix, torch.randn(8, 129, device=DEVICE), torch.empty(10, 129, device=DEVICE), softmax=True)
+    with pytest.raises(ValueError, match="cannot split 3 channels into 2 equal groups"):
+        kernels.product(matrix, values, out, softmax=True, groups=2)
     with pytest.raises(ValueError, match=r"cannot take \(10, 8\) @ \(7, 3\) into \(10, 3\)"):
         kernels.product(matrix, values[:7], out)
     with pytest.raises(ValueError, match="float32 values and contiguous"):
@@ -230,9 +236,9 @@ def test_each_product_runs_in_the_kernel(monkeypatch):
     launches, softmaxes = [], []
     product, blur, softmax = kernels.product, kernels.blur, crf_module._softmax
 
-    def counted(matrix, values, out, base=None, softmax=False):
+    def counted(matrix, values, out, base=None, softmax=False, groups=1):
         launches.append("softmax" if softmax else "product")
-        return product(matrix, values, out, base=base, softmax=softmax)
+        return product(matrix, values, out, base=base, softmax=softmax, groups=groups)
 
     def counted_blur(neighbours, values, out):
         launches.append("blur")
@@ -276,6 +282,25 @@ def test_a_crf_call_dispatches_no_more_operations_than_counted(kernel, monkeypat
     assert counts[0] <= build and (counts[1] - counts[0]) / 2 <= per_iteration, counts
 
 
+def test_the_stacks_softmax_is_taken_in_the_last_slice(monkeypatch):
+    """The export's three stacks (crf_labels_stacked): an iteration is the 13 launches of one map, each stack's
+    softmax in the last slice's program, not apart."""
+    skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the photographs (dev requirement)")
+    image = np.ascontiguousarray(skimage_data.astronaut()[100:124:2, 200:232:2])
+    probs = torch.from_numpy(smooth_probs(image.shape[:2], 21, seed=5, cell=4)).to(DEVICE).view(3, 7, 12, 16)
+    probs = probs / probs.sum(1, keepdim=True)
+    counts = []
+    for iterations in (0, 2):
+        counter = OpCounter()
+        for name in kernels.LAUNCHED:
+            monkeypatch.setattr(kernels, name, counter.launches(getattr(kernels, name)))
+        with counter:
+            crf_labels_stacked(image, probs, CrfConfig(iterations=iterations, kernel="fused"))
+        monkeypatch.undo()
+        counts.append(sum(counter.counts.values()))
+    assert (counts[1] - counts[0]) / 2 == CALL_OPERATIONS["fused"][1], counts
+
+
 def test_the_fused_crf_matches_pydensecrf():
     """A photograph's corner with model-like probabilities: the parity of tests/inference/test_crf_parity.py."""
     skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the photographs (dev requirement)")
@@ -285,14 +310,23 @@ def test_the_fused_crf_matches_pydensecrf():
 
 
 def test_the_labels_and_the_stacked_labels_equal_the_pytorch_ones():
-    """The argmax the tools write: one map, and three stacks of one image (the export's, a softmax per stack)."""
-    images, probs = images_and_probs([(9, 8)], 6, seed=5)
+    """The argmax the tools write: one map, three stacks of one image (the export's, a softmax per stack in the last
+    slice), and a GPU's batch of the export: two images of 6 and 3 classes per stack in one run (the second's stacks
+    padded with absent classes)."""
+    images, probs = images_and_probs([(9, 8), (7, 5)], 6, seed=5)
     stacked = torch.stack([probs[0], probs[0].flip(0), probs[0].roll(1, 0)])
+    other = probs[1][:3] / probs[1][:3].sum(0)
+    batch = [stacked, torch.stack([other, other.flip(0), other.roll(1, 0)])]
     labels = {}
     for kernel in ("torch", "fused"):
         cfg = CrfConfig(iterations=3, kernel=kernel)
-        labels[kernel] = crf_labels(images[0], probs[0], cfg), crf_labels_stacked(images[0], stacked, cfg)
+        futures = CrfPool(cfg, workers=0).submit_stacked(images, batch)
+        labels[kernel] = (crf_labels(images[0], probs[0], cfg), crf_labels_stacked(images[0], stacked, cfg),
+                          *[torch.from_numpy(f.result()) for image_futures in futures for f in image_futures])
+    assert len(labels["fused"]) == 8
     assert all(torch.equal(a, b) for a, b in zip(labels["fused"], labels["torch"], strict=True))
+    for k in range(3):  # the batch's stacks are each image's own
+        assert torch.equal(labels["torch"][2 + k], labels["torch"][1][k].cpu())
 
 
 @pytest.mark.parametrize(

@@ -308,16 +308,17 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
     q, message = torch.empty_like(prior), prior.clone()
     _softmax(message.view(-1, classes), q.view(-1, classes))  # each stack on its own
     # fused: message = prior + each kernel's filter in one launch per product, and the last slice takes the softmax
-    # into q where one program holds a row's classes
+    # (of each stack) into q where one program holds a row's classes
     fused = fused and bool(kernels)
-    fused_softmax = fused and stacks == 1 and prior.shape[1] <= permutohedral.kernels.SOFTMAX_CHANNELS
+    fused_softmax = fused and prior.shape[1] <= permutohedral.kernels.SOFTMAX_CHANNELS
     for _ in range(cfg.iterations):
         if not fused:
             message.copy_(prior)
         for k, lattice in enumerate(kernels):
             if fused:
                 last = fused_softmax and k == len(kernels) - 1
-                lattice.filter_fused(q, q if last else message, workspace, base=message if k else prior, softmax=last)
+                lattice.filter_fused(q, q if last else message, workspace, base=message if k else prior, softmax=last,
+                                     groups=stacks)  # fmt: skip
             else:
                 lattice.filter(q, add_to=message, workspace=workspace)
         if not fused_softmax:

@@ -11,7 +11,7 @@ them. :func:`product` is the splat and the slice in one kernel: a program holds 
 points' two neighbours themselves (the lattice keeps them instead of a matrix per direction: 8 bytes per point
 instead of 28, and no matrix to build), summed as the matrix's product sums. One iteration of the paper's CRF is 13
 launches (a splat, 3 + 6 blurs and a slice per lattice, the first slice adding the prior, the last taking the
-softmax), each reading each value once.
+softmax: of each stack on its own for the pseudo-label export's stacks), each reading each value once.
 
 :func:`simplices` elevates the features and finds each point's enclosing simplex and barycentric weights, the
 construction's first steps, in one launch where PyTorch dispatches about 80 operations per lattice; it computes them
@@ -53,9 +53,11 @@ them: 157; 128: spills)."""
 @triton.jit
 def _product_kernel(
     crow_ptr, col_ptr, val_ptr, x_ptr, base_ptr, out_ptr, rows, channels,
-    HAS_BASE: tl.constexpr, SOFTMAX: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
+    HAS_BASE: tl.constexpr, SOFTMAX: tl.constexpr, GROUPS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    BLOCK_CHANNELS: tl.constexpr,
 ):  # fmt: skip
-    """``out[r] = softmax?(base[r] + sum_e val[e] x[col[e]])`` over the entries ``e`` of CSR row ``r`` in order.
+    """``out[r] = softmax?(base[r] + sum_e val[e] x[col[e]])`` over the entries ``e`` of CSR row ``r`` in order; the
+    softmax of each of ``GROUPS`` equal groups of a row's channels on its own.
 
     ``crow_ptr``: ``(rows + 1,)`` row offsets; ``col_ptr``, ``val_ptr``: the entries' columns and float32 values;
     ``x_ptr``: ``(*, channels)`` float32; ``base_ptr``, ``out_ptr``: ``(rows, channels)`` float32 (``base_ptr`` may
@@ -80,8 +82,17 @@ def _product_kernel(
         acc = tl.load(base_ptr + tile, mask=tile_ok, other=0.0) + acc
     if SOFTMAX:  # the program holds every channel of its rows
         acc = tl.where(c_ok[None, :], acc, float("-inf"))
-        e = tl.exp(acc - tl.max(acc, axis=1)[:, None])
-        acc = e / tl.sum(e, axis=1)[:, None]
+        if GROUPS == 1:
+            e = tl.exp(acc - tl.max(acc, axis=1)[:, None])
+            acc = e / tl.sum(e, axis=1)[:, None]
+        else:  # each group's exponentials are 0 outside it
+            size = channels // GROUPS
+            grouped = tl.zeros((BLOCK_ROWS, BLOCK_CHANNELS), dtype=tl.float32)
+            for g in tl.static_range(GROUPS):
+                part = tl.where(((c >= g * size) & (c < g * size + size))[None, :], acc, float("-inf"))
+                e = tl.exp(part - tl.max(part, axis=1)[:, None])
+                grouped += e / tl.sum(e, axis=1)[:, None]
+            acc = grouped
     tl.store(out_ptr + tile, acc, mask=tile_ok)
 
 
@@ -202,7 +213,8 @@ def blocks(channels: int, softmax: bool) -> tuple[int, int]:
     return min(max(TILE // block_channels, ROWS_RANGE[0]), ROWS_RANGE[1]), block_channels
 
 
-def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = None, softmax: bool = False) -> Tensor:
+def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = None, softmax: bool = False,
+            groups: int = 1) -> Tensor:  # fmt: skip
     """``out = base + matrix @ values``, and the softmax of each row of it with ``softmax``, in one launch.
 
     Args:
@@ -211,6 +223,8 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
         out: ``(R, C)`` float32, contiguous; it may be ``base``.
         base: ``(R, C)`` float32, contiguous, or None (zeros).
         softmax: Replace each row by its softmax (at most :data:`SOFTMAX_CHANNELS` channels).
+        groups: With ``softmax``, the softmax of each of this many equal groups of a row's channels on its own (the
+            stacks of :func:`wsss.inference.crf.crf_labels_stacked`).
 
     Returns:
         ``out``.
@@ -223,6 +237,8 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
                          f"{tuple(out.shape)}")  # fmt: skip
     if softmax and channels > SOFTMAX_CHANNELS:
         raise ValueError(f"the CRF kernel takes the softmax of at most {SOFTMAX_CHANNELS} channels, got {channels}")
+    if groups < 1 or channels % groups:
+        raise ValueError(f"the CRF kernel cannot split {channels} channels into {groups} equal groups")
     if not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors[1:]) or matrix.dtype != torch.float32:
         raise ValueError("the CRF kernel needs float32 values and contiguous dense blocks")
     if rows and channels:
@@ -230,7 +246,7 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
         grid = (triton.cdiv(rows, block_rows), triton.cdiv(channels, block_channels))
         _product_kernel[grid](matrix.crow_indices(), matrix.col_indices(), matrix.values(), values,
                               out if base is None else base, out, rows, channels, HAS_BASE=base is not None,
-                              SOFTMAX=softmax, BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels,
+                              SOFTMAX=softmax, GROUPS=groups, BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels,
                               num_warps=NUM_WARPS)  # fmt: skip
     return out
 

@@ -100,11 +100,11 @@ class Lattice:
         return add_to.addmm_(self.slice, current)
 
     def filter_fused(self, values: Tensor, out: Tensor, workspace: Tensor, base: Tensor | None = None,
-                     softmax: bool = False) -> Tensor:  # fmt: skip
+                     softmax: bool = False, groups: int = 1) -> Tensor:  # fmt: skip
         """:meth:`filter` in Triton kernels (:func:`wsss.inference.crf.kernels.product` and
         :func:`~wsss.inference.crf.kernels.blur`, float32, contiguous (N, C) blocks) on a lattice built for them
-        (``fused=True``): ``out = base + filter(values)``, each row replaced by its softmax with ``softmax``; ``d + 3``
-        launches."""
+        (``fused=True``): ``out = base + filter(values)``, each row replaced by its softmax with ``softmax`` (of each
+        of ``groups`` equal groups of its channels); ``d + 3`` launches."""
         if self.neighbours is None:
             raise RuntimeError("filter_fused needs a lattice built for the Triton kernels: build_lattice(fused=True)")
         current, spare = workspace[0, : self.points + 1], workspace[1, : self.points + 1]
@@ -112,7 +112,7 @@ class Lattice:
         for neighbours in self.neighbours:
             kernels.blur(neighbours, current, spare)
             current, spare = spare, current
-        return kernels.product(self.slice, current, out, base=base, softmax=softmax)
+        return kernels.product(self.slice, current, out, base=base, softmax=softmax, groups=groups)
 
     def scaled(self, outer: Tensor, inner: Tensor) -> Lattice:
         """The lattice whose :meth:`filter` gives ``outer * filter(inner * values)`` for (N, 1) ``outer`` and
