@@ -158,10 +158,12 @@ class LazyCrf:
 
     def submit_stacked(self, images, probs):
         self.unfinished.append(sum(not job.done() for job in self.jobs))
-        jobs = [LazyJob(partial(lambda i, p: crf_module.crf_labels_stacked(i, p, self.cfg).numpy(), i, p))
-                for i, p in zip(images, probs, strict=True)]  # fmt: skip
+        jobs = [LazyJob(partial(self.labels, i, p)) for i, p in zip(images, probs, strict=True)]
         self.jobs += jobs
         return [[LazyPart(job, s) for s in range(len(p))] for job, p in zip(jobs, probs, strict=True)]
+
+    def labels(self, image, probs):
+        return crf_module.crf_labels_stacked(image, probs, self.cfg).numpy()
 
 
 class LazyJob(Future):
