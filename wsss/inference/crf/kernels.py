@@ -237,7 +237,7 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
                          f"{tuple(out.shape)}")  # fmt: skip
     if softmax and channels > SOFTMAX_CHANNELS:
         raise ValueError(f"the CRF kernel takes the softmax of at most {SOFTMAX_CHANNELS} channels, got {channels}")
-    if groups < 1 or channels % groups:
+    if softmax and (groups < 1 or channels % groups):
         raise ValueError(f"the CRF kernel cannot split {channels} channels into {groups} equal groups")
     if not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors[1:]) or matrix.dtype != torch.float32:
         raise ValueError("the CRF kernel needs float32 values and contiguous dense blocks")
@@ -246,8 +246,8 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
         grid = (triton.cdiv(rows, block_rows), triton.cdiv(channels, block_channels))
         _product_kernel[grid](matrix.crow_indices(), matrix.col_indices(), matrix.values(), values,
                               out if base is None else base, out, rows, channels, HAS_BASE=base is not None,
-                              SOFTMAX=softmax, GROUPS=groups, BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels,
-                              num_warps=NUM_WARPS)  # fmt: skip
+                              SOFTMAX=softmax, GROUPS=groups if softmax else 1,  # one compiled product otherwise
+                              BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels, num_warps=NUM_WARPS)  # fmt: skip
     return out
 
 
