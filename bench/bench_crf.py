@@ -12,14 +12,22 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
   between processes, no argmax: the library alone, the per-core peer with ``--cores 1``); and of the torch backend
   on the CPU with ``--cores`` threads, one image per call and all the images in one call;
 - peak memory of one image, each backend in a fresh process (peak RSS, VmHWM, above the RSS after imports);
-- on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory, with each of
-  ``--cuda-kernels`` (``infer.crf.kernel``: PyTorch's sparse products, the Triton kernels).
+- on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory of a call (above
+  its inputs) against its bound (the largest run's estimate, which ``infer.crf.memory_mib`` holds, plus the
+  marginals the call returns), with each of ``--cuda-kernels`` (``infer.crf.kernel``: PyTorch's sparse products, the
+  Triton kernels), and the most images a run holds.
 
 ``--launches``: the operations the host dispatches per CRF call, on the CPU (the Triton kernels in Triton's
 interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the
 kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice, on a
 photograph shrunk to 48 x 64 (the counts do not depend on the size); for 3 and 21 classes also three stacks of them
 (``crf_labels_stacked``, the pseudo-label export's call).
+
+``--memory``: the most memory one CRF call holds, bytes per pixel, as the allocator counts it (on the CPU:
+:func:`wsss.utils.allocations.peak_allocated`), with each kernel choice, on colour noise (the most lattice points an
+image can have) and a photograph at ``--memory-size``, against the estimate ``infer.crf.memory_mib`` is held to
+(``wsss.inference.crf``); the Triton path as on a GPU, its simplices kernel in Triton's interpreter and its
+products' launches skipped (they allocate nothing; 1 iteration: every buffer is made before the first).
 
 Prints a markdown table (docs/benchmarks.md, "Dense CRF").
 """
@@ -111,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-kernels", nargs="+", default=["torch", "fused"], choices=["torch", "fused"])
     parser.add_argument("--cuda-only", action="store_true", help="only the CUDA table (make gpu-check)")
     parser.add_argument("--launches", action="store_true", help="only the operations per call, on the CPU")
+    parser.add_argument("--memory", action="store_true", help="only the peak bytes per pixel, on the CPU")
+    parser.add_argument("--memory-size", type=int, nargs=2, default=(375, 500), metavar=("H", "W"))
     parser.add_argument("--peak", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.peak:
@@ -119,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = CrfConfig()
     if args.launches:
         launch_table(args, cfg)
+        return 0
+    if args.memory:
+        memory_table(args, cfg)
         return 0
     import torch
 
@@ -167,11 +180,12 @@ def cpu_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
 def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     import torch
 
-    from wsss.inference.crf import dense_crf_batch
+    from wsss.inference.crf import _runs, dense_crf_batch, estimated_bytes, uses_kernels
+    from wsss.utils.allocations import peak_allocated
 
     print(f"\nCUDA: {torch.cuda.get_device_name()}")
-    print("| case | batch | infer.crf.kernel | ms/image | images/s | peak CUDA MiB |")
-    print("|---|---|---|---|---|---|")
+    print("| case | batch | infer.crf.kernel | ms/image | images/s | peak CUDA MiB | bound MiB | images per run |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.cases:
         for batch_size in args.cuda_batches:
             images, probs = case_inputs(name, batch_size)
@@ -180,14 +194,20 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                 run_cfg = replace(cfg, kernel=kernel)
                 dense_crf_batch(images, tensors, run_cfg)  # warm-up
                 torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
                 tic = time.perf_counter()
                 for _ in range(3):
                     dense_crf_batch(images, tensors, run_cfg)
                 torch.cuda.synchronize()
                 ms = (time.perf_counter() - tic) / 3 / batch_size * 1000
-                peak = torch.cuda.max_memory_allocated() / 2**20
-                print(f"| {name} | {batch_size} | {kernel} | {ms:.2f} | {1000 / ms:.1f} | {peak:.0f} |", flush=True)
+                peak = peak_allocated(lambda c=run_cfg, i=images, t=tensors: dense_crf_batch(i, t, c), "cuda")
+                # the budget bounds a run; the call also holds the marginals it returns (4 bytes a pixel and class)
+                fused = uses_kernels(run_cfg, "cuda")
+                runs = _runs([tuple(t.shape) for t in tensors], run_cfg, fused)
+                largest = max(estimated_bytes(sum(tensors[k][0].numel() for k in run), CASES[name][1], fused)
+                              for run in runs)  # fmt: skip
+                bound = largest + sum(t.numel() * 4 for t in tensors)
+                print(f"| {name} | {batch_size} | {kernel} | {ms:.2f} | {1000 / ms:.1f} | {peak / 2**20:.0f} | "
+                      f"{bound / 2**20:.0f} | {max(len(run) for run in runs)} |", flush=True)  # fmt: skip
 
 
 def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iterations: int = 2) -> tuple[int, float]:
@@ -233,6 +253,39 @@ def launch_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                 build, per_iteration = launch_counts(replace(cfg, kernel=kernel), image, p)
                 print(f"| {name} ({label}) | {kernel} | {build} | {per_iteration:g} | "
                       f"{build + cfg.iterations * per_iteration:g} |", flush=True)  # fmt: skip
+
+
+
+class _Skipped:
+    """A Triton kernel whose launches do nothing (``kernel[grid](...)``)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def memory_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the simplices kernel on CPU tensors: set before its import
+    import torch
+
+    from wsss.inference.crf import dense_crf, estimated_bytes, kernels
+    from wsss.utils.allocations import peak_allocated
+
+    torch.set_num_threads(args.cores)
+    kernels._product_kernel = kernels._blur_kernel = _Skipped()  # this process only
+    size = tuple(args.memory_size)
+    images = {"colour noise": np.random.default_rng(0).integers(0, 256, (*size, 3), dtype=np.uint8),
+              "photograph": photographs(size, 1)[0]}  # fmt: skip
+    print(f"{size[1]} x {size[0]} pixels, bytes per pixel")
+    print("| image | classes | infer.crf.kernel | peak | estimate | estimate / peak |\n|---|---:|---|---:|---:|---:|")
+    for name, image in images.items():
+        for classes in (2, 21, 81):
+            probs = torch.from_numpy(probabilities(size, classes, 0))
+            for kernel in ("torch", "fused"):
+                run_cfg = replace(cfg, kernel=kernel, iterations=1)
+                peak = peak_allocated(lambda c=run_cfg, p=probs, i=image: dense_crf(i, p, c)) / (size[0] * size[1])
+                estimate = estimated_bytes(1, classes, kernel == "fused")
+                print(f"| {name} | {classes} | {kernel} | {peak:,.0f} | {estimate:,} | {estimate / peak:.2f} |",
+                      flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -424,6 +424,29 @@ def test_a_batch_runs_in_calls_that_fit_the_budget(monkeypatch):
         assert pixels * (BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * classes) <= 64 * 2**20
 
 
+def test_the_triton_path_packs_its_runs_by_its_own_estimate(monkeypatch):
+    """Issue 37: a GPU's CRF (the Triton kernels' path, ``infer.crf.kernel`` fused) holds far less per pixel than the
+    PyTorch path's peak RSS (bench/bench_crf.py --memory), so its runs are packed by its own estimate
+    (KERNEL_BYTES_PER_PIXEL...): at 21 classes more than twice the images per run, each run within the budget and
+    none able to take the next image."""
+    runs = []
+
+    def spy(images, probs, *args):
+        runs[-1].append(len(probs))
+        return [torch.zeros_like(p) for p in probs]  # the packing alone: no mean-field
+
+    monkeypatch.setattr(crf_module, "_mean_field", spy)
+    monkeypatch.setattr(crf_module, "CPU_RUN_PIXELS", 2**40)  # as on a GPU: no cap on a run's pixels
+    cases = [colour_noise_case(seed=k, height=60, width=80, classes=21) for k in range(12)]
+    for kernel in ("torch", "fused"):
+        runs.append([])
+        cfg = CrfConfig(memory_mib=64, kernel=kernel)
+        dense_crf_batch([i for i, _ in cases], [torch.from_numpy(p) for _, p in cases], cfg)
+        per_run = max(n for n in range(1, 13) if crf_module.estimated_bytes(n * 4800, 21, kernel == "fused") <= 2**26)
+        assert runs[-1] == [per_run] * (12 // per_run) + ([12 % per_run] if 12 % per_run else []), kernel
+    assert max(runs[1]) > 2 * max(runs[0]), runs
+
+
 def test_on_the_cpu_large_images_run_one_by_one(monkeypatch):
     """On the CPU a run holds at most CPU_RUN_PIXELS pixels (one lattice over many large images loses the cache):
     small images share a run, large ones run alone, whatever the memory budget allows; each result is the one of

@@ -258,7 +258,38 @@ def test_each_product_runs_in_the_kernel(monkeypatch):
     assert len(softmaxes) == 1
 
 
-CALL_OPERATIONS = {"torch": (507, 15), "fused": (215, 13)}
+class _Skipped:
+    """A Triton kernel whose launches do nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize(("size", "images", "classes"), [((48, 64), 1, 2), ((24, 32), 16, 81)])
+def test_the_kernels_path_holds_no_more_memory_than_its_estimate(size, images, classes, monkeypatch):
+    """Issue 37: the Triton path's estimate (KERNEL_BYTES_PER_PIXEL + KERNEL_BYTES_PER_PIXEL_AND_CLASS x classes),
+    by which a GPU packs its runs, holds for the allocator's peak of a call on colour noise (the most lattice points),
+    its marginals included: where the lattices' construction is the peak (2 classes) and where the mean-field's
+    buffers are (a batch of small images at 81 classes, the most per pixel measured). On a GPU the compiled kernels
+    and torch.cuda's peak; on the CPU the same path with the simplices kernel interpreted and the products' launches
+    skipped (they write into buffers made before them: they allocate nothing)."""
+    from wsss.utils.allocations import peak_allocated
+
+    if DEVICE.type == "cpu":
+        monkeypatch.setattr(kernels, "_product_kernel", _Skipped())
+        monkeypatch.setattr(kernels, "_blur_kernel", _Skipped())
+    rng = np.random.default_rng(0)
+    pairs = [(rng.integers(0, 256, (*size, 3), dtype=np.uint8),
+              torch.softmax(torch.randn(classes, *size, generator=torch.Generator().manual_seed(k)), 0).to(DEVICE))
+             for k in range(images)]  # fmt: skip
+    cfg = CrfConfig(kernel="fused", iterations=1)
+    peak = peak_allocated(lambda: dense_crf_batch([i for i, _ in pairs], [p for _, p in pairs], cfg), DEVICE)
+    pixels = images * size[0] * size[1]
+    assert 0.8 * crf_module.estimated_bytes(pixels, classes, True) < peak <= crf_module.estimated_bytes(
+        pixels, classes, True), peak / pixels
+
+
+CALL_OPERATIONS = {"torch": (496, 15), "fused": (211, 13)}
 """Operations a CRF call dispatches (each Triton launch one; ``bench/bench_crf.py --launches``, docs/benchmarks.md):
 to build the lattices and normalise the kernels, and per mean-field iteration, at 21 classes."""
 

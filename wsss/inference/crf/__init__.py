@@ -17,13 +17,16 @@ Two backends (``CrfConfig.backend``):
 - ``pydensecrf``: the reference C++ (pydensecrf2, source-only on PyPI: installing it needs a compiler), single
   threaded, so :class:`CrfPool` runs it in ``CrfConfig.workers`` processes while the caller keeps feeding the model.
 
-Memory: bounded by ``CrfConfig.memory_mib`` per call, on the CPU and on CUDA, for both backends. A call's estimate is
-its pixels x (:data:`BYTES_PER_PIXEL` + :data:`BYTES_PER_PIXEL_AND_CLASS` x classes), the torch backend's measured
-worst case (pydensecrf needs less); an image whose estimate exceeds the budget runs at the largest reduced resolution
-that fits (:func:`working_size`: the image and the probabilities shrunk, antialiased, a band of rows at a time; the
-kernel widths in pixels scaled with them), and its marginals come back to full size bilinearly, a band of rows at a
-time for the labels. A batch is split into calls that each fit. Beyond the budget the caller holds its inputs (the
-image, 3 bytes per pixel; the probabilities, 4 per pixel and class) and :func:`dense_crf`'s full-size marginals.
+Memory: bounded by ``CrfConfig.memory_mib`` per call, on the CPU and on CUDA, for both backends. A call's estimate
+(:func:`estimated_bytes`) is its pixels x (:data:`BYTES_PER_PIXEL` + :data:`BYTES_PER_PIXEL_AND_CLASS` x classes),
+the torch backend's measured worst case as peak RSS (pydensecrf needs less), or on the Triton kernels' path (a
+GPU's) its own, as its allocator counts it (:data:`KERNEL_BYTES_PER_PIXEL`, :data:`KERNEL_BYTES_PER_PIXEL_AND_CLASS`:
+at 21 classes half as much, so a GPU's run holds twice the images). An image whose estimate exceeds the budget runs
+at the largest reduced resolution that fits (:func:`working_size`: the image and the probabilities shrunk,
+antialiased, a band of rows at a time; the kernel widths in pixels scaled with them), and its marginals come back to
+full size bilinearly, a band of rows at a time for the labels. A batch is split into calls that each fit. Beyond the
+budget the caller holds its inputs (the image, 3 bytes per pixel; the probabilities, 4 per pixel and class) and
+:func:`dense_crf`'s full-size marginals.
 """
 
 from __future__ import annotations
@@ -58,13 +61,23 @@ image can have; photographs need about half), tests/inference/test_crf.py::test_
 """
 BYTES_PER_PIXEL_AND_CLASS = 64
 """And per pixel and class (marginals, unary, messages, the lattice's values): 61 B measured with 2 and 81 classes."""
+KERNEL_BYTES_PER_PIXEL = 1536
+"""The Triton kernels' path (:func:`uses_kernels`: a GPU's), per pixel: the most its allocator holds at once, as
+``BYTES_PER_PIXEL`` with the per-class part below: on colour noise 1,223 B at 2 classes for a 500 x 375 image and up
+to 1,424 for smaller ones (a batch of 8 of 64 x 48); the lattices with their neighbours instead of blur matrices,
+no sparse library's buffers. Measured on the CPU with the simplices kernel interpreted (``bench/bench_crf.py
+--memory``; tests/inference/test_crf_kernels.py measures it on a GPU where one is present)."""
+KERNEL_BYTES_PER_PIXEL_AND_CLASS = 60
+"""And per pixel and class: the marginals, the message, the unary and the two lattice-sized buffers (about five
+lattice points per pixel on noise): 4,441 B at 81 classes for 500 x 375, up to 5,318 for 16 images of 32 x 24."""
 CPU_RUN_PIXELS = 2**16
 """On the CPU a mean-field run holds images of at most this many pixels in all (larger images run one by one): one
 lattice over many large images loses the cache, with nothing to gain where no kernel launch is saved (5 photographs
 of 500 x 375, 21 classes, one thread: 0.76 images/s in one run against 1.24 one by one, bench/bench_crf.py)."""
 
 __all__ = [
-    "BYTES_PER_PIXEL", "BYTES_PER_PIXEL_AND_CLASS", "CPU_RUN_PIXELS", "CrfPool", "NORM_EPS", "UNARY_CLIP",
+    "BYTES_PER_PIXEL", "BYTES_PER_PIXEL_AND_CLASS", "CPU_RUN_PIXELS", "CrfPool", "KERNEL_BYTES_PER_PIXEL",
+    "KERNEL_BYTES_PER_PIXEL_AND_CLASS", "NORM_EPS", "UNARY_CLIP", "estimated_bytes",
     "crf_labels", "crf_labels_stacked", "dense_crf", "dense_crf_batch", "uses_kernels", "working_size",
 ]  # fmt: skip
 
@@ -139,10 +152,11 @@ def crf_labels_stacked(image: np.ndarray | Tensor, probs: Tensor, cfg: CrfConfig
     return _stack_labels(*next(_refine_batch([image], [flat.float()], cfg, torch.float32, stacks)), stacks)
 
 
-def working_size(height: int, width: int, classes: int, cfg: CrfConfig) -> tuple[int, int]:
+def working_size(height: int, width: int, classes: int, cfg: CrfConfig, fused: bool = False) -> tuple[int, int]:
     """(h, w) the CRF of an image of (height, width) pixels and ``classes`` classes runs at: its own size when its
-    estimate fits ``cfg.memory_mib`` (the module docstring), else the largest size of about its aspect that does."""
-    limit = cfg.memory_mib * 2**20 // _bytes_per_pixel(classes)
+    estimate (:func:`estimated_bytes`; ``fused``: on the Triton kernels' path) fits ``cfg.memory_mib``, else the
+    largest size of about its aspect that does."""
+    limit = cfg.memory_mib * 2**20 // estimated_bytes(1, classes, fused)
     if height * width <= limit:
         return height, width
     h = max(1, int(height * math.sqrt(limit / (height * width))))
@@ -180,8 +194,13 @@ def dense_crf_batch(
     return [_full_size(q, size) for q, size in _refine_batch(images, probs, cfg, dtype)]
 
 
-def _bytes_per_pixel(classes: int) -> int:
-    return BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * classes
+def estimated_bytes(pixels: int, classes: int, fused: bool) -> int:
+    """The memory a mean-field run of ``pixels`` pixels (all its images') and ``classes`` channels is held to (the
+    module docstring): with ``fused`` (the Triton kernels' path, :func:`uses_kernels`) its allocator's peak, else the
+    PyTorch path's peak RSS."""
+    if fused:
+        return pixels * (KERNEL_BYTES_PER_PIXEL + KERNEL_BYTES_PER_PIXEL_AND_CLASS * classes)
+    return pixels * (BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * classes)
 
 
 def _refine_one(image: np.ndarray | Tensor, probs: np.ndarray | Tensor, cfg: CrfConfig) -> tuple[Tensor, tuple]:
@@ -199,11 +218,14 @@ def _refine_batch(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor]
     """(marginals at :func:`working_size`, (H, W)) of each checked image, in runs that fit the budget, a run at a time:
     a caller that keeps less than the marginals (:func:`_torch_jobs`: the labels) holds one run's at once. With
     ``stacks`` > 1 each image's channels are that many stacks of classes (:func:`_mean_field`)."""
-    cpu = bool(probs) and probs[0].device.type == "cpu"
-    for run in _runs([tuple(p.shape) for p in probs], cfg, CPU_RUN_PIXELS if cpu else None):
-        with torch.no_grad(), torch.autocast(probs[0].device.type, enabled=False):  # float32 products, no graph
+    if not probs:
+        return
+    device = probs[0].device
+    fused = dtype == torch.float32 and uses_kernels(cfg, device)
+    for run in _runs([tuple(p.shape) for p in probs], cfg, fused, CPU_RUN_PIXELS if device.type == "cpu" else None):
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):  # float32 products, no graph
             if len(run) == 1:  # alone: at a reduced resolution when over the budget
-                image, small, run_cfg = _reduced(images[run[0]], probs[run[0]], cfg)
+                image, small, run_cfg = _reduced(images[run[0]], probs[run[0]], cfg, fused)
                 q = _mean_field([image], [small], run_cfg, dtype, stacks)
             else:
                 q = _mean_field([images[k] for k in run], [probs[k] for k in run], cfg, dtype, stacks)
@@ -211,13 +233,14 @@ def _refine_batch(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor]
             yield q.pop(0), tuple(probs[k].shape[1:])
 
 
-def _runs(shapes: list[tuple[int, int, int]], cfg: CrfConfig, max_pixels: int | None = None) -> list[list[int]]:
+def _runs(shapes: list[tuple[int, int, int]], cfg: CrfConfig, fused: bool = False,
+          max_pixels: int | None = None) -> list[list[int]]:  # fmt: skip
     """The images of each mean-field run, by index: consecutive (C, H, W) ``shapes`` while the run's estimate (its
-    pixels x the bytes per pixel of its most classes) fits ``cfg.memory_mib``, and its pixels ``max_pixels``."""
+    pixels at its most classes, :func:`estimated_bytes`) fits ``cfg.memory_mib``, and its pixels ``max_pixels``."""
     runs: list[list[int]] = []
     pixels = classes = 0
     for k, (c, h, w) in enumerate(shapes):
-        fits = (pixels + h * w) * _bytes_per_pixel(max(classes, c)) <= cfg.memory_mib * 2**20
+        fits = estimated_bytes(pixels + h * w, max(classes, c), fused) <= cfg.memory_mib * 2**20
         if runs and fits and (max_pixels is None or pixels + h * w <= max_pixels):
             runs[-1].append(k)
             pixels, classes = pixels + h * w, max(classes, c)
@@ -227,11 +250,12 @@ def _runs(shapes: list[tuple[int, int, int]], cfg: CrfConfig, max_pixels: int | 
     return runs
 
 
-def _reduced(image: np.ndarray | Tensor, probs: Tensor, cfg: CrfConfig) -> tuple[Tensor, Tensor, CrfConfig]:
+def _reduced(image: np.ndarray | Tensor, probs: Tensor, cfg: CrfConfig,
+             fused: bool = False) -> tuple[Tensor, Tensor, CrfConfig]:  # fmt: skip
     """``image``, ``probs`` and ``cfg`` as the CRF runs them: as they are when the image fits the budget, else the
     image (uint8) and the probabilities at :func:`working_size`, with the kernel widths in pixels scaled alike."""
     c, height, width = probs.shape
-    h, w = working_size(height, width, c, cfg)
+    h, w = working_size(height, width, c, cfg, fused)
     if (h, w) == (height, width):
         return image, probs, cfg
     rgb = _tensor(image, np.uint8).to(probs.device)
@@ -290,18 +314,10 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
         features_g.append(xy / sxy_g)
         features_b.append(torch.cat([xy / sxy_b, rgb / srgb], dim=1))
     fused = dtype == torch.float32 and uses_kernels(cfg, device)
-    kernels = []
-    for features, compat in ((features_g, cfg.gaussian_compat), (features_b, cfg.bilateral_compat)):
-        if compat == 0:
-            continue
-        lattice = build_lattice(torch.cat(features), sizes, dtype, cfg.reference_padding, fused)
-        ones = torch.ones(unary.shape[0], 1, dtype=dtype, device=device)
-        if fused:
-            filtered = lattice.filter_fused(ones, torch.empty_like(ones), workspace_for([lattice], 1, dtype, device))
-        else:
-            filtered = lattice.filter(ones)
-        norm = (filtered + NORM_EPS).rsqrt()
-        kernels.append(lattice.scaled(compat * norm, norm))  # Potts: -compat * filtered, subtracted
+    kernels = [_potts_kernel(torch.cat(features), sizes, compat, cfg, dtype, fused)
+               for features, compat in ((features_g, cfg.gaussian_compat), (features_b, cfg.bilateral_compat))
+               if compat != 0]  # fmt: skip
+    del features_g, features_b  # not held through the iterations
     prior = unary.view(unary.shape[0], -1).neg_()  # -unary, in its buffer
     # every buffer made once: a fresh one per product or iteration costs its page faults on the CPU (Lattice.filter)
     workspace = workspace_for(kernels, prior.shape[1], dtype, device) if kernels else None
@@ -314,21 +330,36 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
     for _ in range(cfg.iterations):
         if not fused:
             message.copy_(prior)
-        for k, lattice in enumerate(kernels):
+        for k in range(len(kernels)):  # no name left holding a lattice after the loop (the del below)
             if fused:
                 last = fused_softmax and k == len(kernels) - 1
-                lattice.filter_fused(q, q if last else message, workspace, base=message if k else prior, softmax=last,
-                                     groups=stacks)  # fmt: skip
+                kernels[k].filter_fused(q, q if last else message, workspace, base=message if k else prior,
+                                        softmax=last, groups=stacks)  # fmt: skip
             else:
-                lattice.filter(q, add_to=message, workspace=workspace)
+                kernels[k].filter(q, add_to=message, workspace=workspace)
         if not fused_softmax:
             _softmax(message.view(-1, classes), q.view(-1, classes))  # each stack on its own
+    del kernels, workspace, message, prior, unary  # before the images' marginals are copied out of q
     out, rows, q = [], 0, q.view(-1, stacks, classes)
     for p in probs:
         c, h, w = p.shape
         out.append(q[rows : rows + h * w, :, : c // stacks].permute(1, 2, 0).reshape(c, h, w).contiguous())
         rows += h * w
     return out
+
+
+def _potts_kernel(features: Tensor, sizes: list[int], compat: float, cfg: CrfConfig, dtype: torch.dtype,
+                  fused: bool) -> permutohedral.Lattice:  # fmt: skip
+    """The lattice of ``features`` scaled so that its filter gives ``compat`` x the symmetrically normalised Gaussian
+    filter (Potts: subtracted from the message); its construction's tensors are let go on return."""
+    lattice = build_lattice(features, sizes, dtype, cfg.reference_padding, fused)
+    ones = features.new_ones(features.shape[0], 1, dtype=dtype)
+    if fused:
+        filtered = lattice.filter_fused(ones, torch.empty_like(ones), workspace_for([lattice], 1, dtype, ones.device))
+    else:
+        filtered = lattice.filter(ones)
+    norm = (filtered + NORM_EPS).rsqrt()
+    return lattice.scaled(compat * norm, norm)
 
 
 def uses_kernels(cfg: CrfConfig, device: str | torch.device) -> bool:

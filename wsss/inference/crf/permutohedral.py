@@ -67,9 +67,9 @@ class Lattice:
         blur: d+1 (M+1, M+1) CSR matrices ``I + (P_-1 + P_+1) / 2``, one per lattice direction, applied in order;
             none where the lattice was built for the kernels (``neighbours``).
         points: M, the number of lattice points.
-        neighbours: (d+1, 2, M) integers where built for the kernels (``build_lattice(fused=True)``), else None:
-            each direction's first and second neighbour + 1 of every lattice point (0: absent), which the blur
-            kernel reads instead of a matrix.
+        neighbours: (d+1, 2, M) integers (int32 where M < 2^31; each row contiguous) where built for the kernels
+            (``build_lattice(fused=True)``), else None: each direction's first and second neighbour + 1 of every
+            lattice point (0: absent), which the blur kernel reads instead of a matrix.
     """
 
     splat: Tensor
@@ -183,7 +183,8 @@ def build_lattice(
         keep = order < vertex.numel()  # to its place among them, the padding's to one slot past them (no host read)
         slot = torch.where(keep, keep.cumsum(0) - 1, vertex.numel())
         order = order.new_empty(vertex.numel() + 1).scatter_(0, slot, order)[:-1]
-    counts = torch.zeros(size, dtype=torch.long, device=device).scatter_add_(0, vertex + 1, torch.ones_like(vertex))
+    counts = torch.zeros(size, dtype=torch.long, device=device)  # row 0 (the missing neighbours' zeros) has none
+    counts[1:].scatter_add_(0, vertex, counts.new_ones(1).expand(vertex.numel()))
     splat = _csr(_crow(counts), order // (d + 1), weights.take(order), (size, n), dtype)
     by_entry = (vertex + 1).view(n, d + 1)
     weights = weights[:n]
@@ -192,14 +193,12 @@ def build_lattice(
     slice_ = _csr(torch.arange(n + 1, device=device) * (d + 1), cols.reshape(-1),
                   weights.view(n, d + 1).gather(1, sort).reshape(-1) * float(alpha), (n, size), dtype)  # fmt: skip
     if fused:  # (d+1, 2, M)
-        both = torch.stack(neighbours, dim=1)
-        return Lattice(splat=splat, slice=slice_, blur=[], points=m, neighbours=both.int() if size < 2**31 else both)
+        return Lattice(splat=splat, slice=slice_, blur=[], points=m, neighbours=neighbours)
     blur = []
-    own = torch.arange(1, size, device=device)
-    crow = (torch.arange(size + 1, device=device) - 1).clamp_(min=0) * 3  # three entries a row; row 0 none: stays 0
-    if 3 * size < 2**31:
-        crow = crow.int()  # once for every direction
-    for n1, n2 in zip(*neighbours, strict=True):
+    index = torch.int32 if 3 * size < 2**31 else torch.long  # once for every direction, as _csr keeps it
+    own = torch.arange(1, size, dtype=index, device=device)
+    crow = (torch.arange(size + 1, dtype=index, device=device) - 1).clamp_(min=0) * 3  # row 0 has no entry
+    for n1, n2 in neighbours:
         # the row's three columns in ascending order (a missing neighbour, 0, reads row 0: it adds 0 exactly)
         low, high = torch.minimum(n1, n2), torch.maximum(n1, n2)
         first, last = torch.minimum(own, low), torch.maximum(own, high)
@@ -277,7 +276,7 @@ def _barycentric(elevated: Tensor, rem0: Tensor, rank: Tensor) -> Tensor:
 
 def _index_vertices(
     rem0: Tensor, rank: Tensor, segments: Tensor | None, images: int = 1
-) -> tuple[Tensor, tuple[Tensor, Tensor], int, Tensor | None]:
+) -> tuple[Tensor, Tensor, int, Tensor | None]:
     """Number the simplex vertices of every point: the lattice points.
 
     The vertex r of point i has the key ``rem0[i, :d] + r - (d+1) [rank[i, :d] > d - r]`` (the canonical simplex's
@@ -292,10 +291,10 @@ def _index_vertices(
       117 -> 89 ms (81 classes, 640 x 480, median of 9) against the insertion order, and the build needs no
       renumbering and no sort of the entries by point (the stable sort of the codes gives it).
 
-    Returns ``vertex`` (L,) with L = N (d+1): the lattice point (0..M-1) of each entry, point-major; two (d+1, M):
-    for each direction the indices + 1 of every lattice point's first and second neighbour (0 where absent); M; and
-    the entries in the order of their points (stable), or None where the numbering gives it no faster than a sort of
-    ``vertex``.
+    Returns ``vertex`` (L,) with L = N (d+1): the lattice point (0..M-1) of each entry, point-major; (d+1, 2, M):
+    for each direction the indices + 1 of every lattice point's first and second neighbour (0 where absent,
+    :func:`_with_second_neighbours`); M; and the entries in the order of their points (stable), or None where the
+    numbering gives it no faster than a sort of ``vertex``.
     """
     n, d = rem0.shape[0], rem0.shape[1] - 1
     device = rem0.device
@@ -336,17 +335,23 @@ def _index_vertices(
         m = unique.numel()
         vertex = torch.empty_like(entries).scatter_(0, order, torch.cumsum(first, 0) - 1)
         shifted = unique[None, :] + steps[:, None]  # rows ascend: the search walks the table in order (2.3x faster)
-        found = torch.searchsorted(unique, shifted).clamp_(max=m - 1)
-        n1 = (found + 1).mul_(unique.take(found) == shifted)  # 0: absent
+        found = torch.searchsorted(unique, shifted, out_int32=m < 2**31).clamp_(max=m - 1)
+        hit = unique.index_select(0, found.view(-1)).view_as(found) == shifted  # index_select: int32 as it is
+        del shifted
+        n1 = found.add_(1).mul_(hit)  # 0: absent
     return vertex, _with_second_neighbours(n1, m), m, order
 
 
-def _with_second_neighbours(n1: Tensor, m: int) -> tuple[Tensor, Tensor]:
-    """Each direction's first and second neighbours + 1 of the M lattice points, two (d+1, M), from the first ones:
-    the second neighbour is the opposite shift, so q = n1(p) <=> p = n2(q) (a scatter instead of a second search)."""
-    n2 = torch.zeros(n1.shape[0], m + 1, dtype=n1.dtype, device=n1.device)  # column 0 takes the absent ones' writes
-    n2.scatter_(1, n1, torch.arange(1, m + 1, dtype=n1.dtype, device=n1.device).expand(n1.shape[0], m))
-    return n1, n2[:, 1:]
+def _with_second_neighbours(n1: Tensor, m: int) -> Tensor:
+    """(d+1, 2, M): each direction's first and second neighbours + 1 of the M lattice points (int32 where M < 2^31),
+    from the first ones (d+1, M): the second neighbour is the opposite shift, so q = n1(p) <=> p = n2(q) (a scatter
+    instead of a second search). A view of a (d+1, 2, M+1) tensor (rows contiguous) whose column 0 took the absent
+    ones' writes: made in place, no copy to stack them."""
+    both = torch.zeros(n1.shape[0], 2, m + 1, dtype=torch.int32 if m < 2**31 else torch.long, device=n1.device)
+    both[:, 0, 1:] = n1
+    points = torch.arange(1, m + 1, dtype=both.dtype, device=n1.device).expand(n1.shape[0], m)
+    both[:, 1].scatter_(1, both[:, 0, 1:], points)
+    return both[:, :, 1:]
 
 
 def _code_box(rem0: Tensor) -> tuple[Tensor, list[int], int]:
