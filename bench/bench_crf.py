@@ -256,22 +256,15 @@ def launch_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
 
 
 
-class _Skipped:
-    """A Triton kernel whose launches do nothing (``kernel[grid](...)``)."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
-
-
 def memory_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the simplices kernel on CPU tensors: set before its import
     import torch
 
     from wsss.inference.crf import dense_crf, estimated_bytes, kernels
-    from wsss.utils.allocations import peak_allocated
+    from wsss.utils.allocations import SkippedLaunches, peak_allocated
 
     torch.set_num_threads(args.cores)
-    kernels._product_kernel = kernels._blur_kernel = _Skipped()  # this process only
+    kernels._product_kernel = kernels._blur_kernel = SkippedLaunches()  # this process only
     size = tuple(args.memory_size)
     images = {"colour noise": np.random.default_rng(0).integers(0, 256, (*size, 3), dtype=np.uint8),
               "photograph": photographs(size, 1)[0]}  # fmt: skip

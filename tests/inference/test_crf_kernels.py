@@ -26,6 +26,7 @@ from wsss.inference.crf import (
     permutohedral,
     uses_kernels,
 )
+from wsss.utils.allocations import SkippedLaunches, peak_allocated
 from wsss.utils.op_count import OpCounter
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -258,13 +259,6 @@ def test_each_product_runs_in_the_kernel(monkeypatch):
     assert len(softmaxes) == 1
 
 
-class _Skipped:
-    """A Triton kernel whose launches do nothing."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
-
-
 @pytest.mark.parametrize(("size", "images", "classes"), [((48, 64), 1, 2), ((24, 32), 16, 81)])
 def test_the_kernels_path_holds_no_more_memory_than_its_estimate(size, images, classes, monkeypatch):
     """Issue 37: the Triton path's estimate (KERNEL_BYTES_PER_PIXEL + KERNEL_BYTES_PER_PIXEL_AND_CLASS x classes),
@@ -273,11 +267,9 @@ def test_the_kernels_path_holds_no_more_memory_than_its_estimate(size, images, c
     buffers are (a batch of small images at 81 classes, the most per pixel measured). On a GPU the compiled kernels
     and torch.cuda's peak; on the CPU the same path with the simplices kernel interpreted and the products' launches
     skipped (they write into buffers made before them: they allocate nothing)."""
-    from wsss.utils.allocations import peak_allocated
-
     if DEVICE.type == "cpu":
-        monkeypatch.setattr(kernels, "_product_kernel", _Skipped())
-        monkeypatch.setattr(kernels, "_blur_kernel", _Skipped())
+        monkeypatch.setattr(kernels, "_product_kernel", SkippedLaunches())
+        monkeypatch.setattr(kernels, "_blur_kernel", SkippedLaunches())
     rng = np.random.default_rng(0)
     pairs = [(rng.integers(0, 256, (*size, 3), dtype=np.uint8),
               torch.softmax(torch.randn(classes, *size, generator=torch.Generator().manual_seed(k)), 0).to(DEVICE))

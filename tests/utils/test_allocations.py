@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wsss.utils.allocations import peak_allocated
+from wsss.utils.allocations import SkippedLaunches, peak_allocated
 
 
 def test_the_peak_is_what_was_held_at_once_not_the_sum_of_what_was_made():
@@ -26,3 +26,10 @@ def test_the_peak_is_what_was_held_at_once_not_the_sum_of_what_was_made():
 def test_only_the_cpu_and_cuda_are_measured():
     with pytest.raises(ValueError, match="CPU or a CUDA device, not meta"):
         peak_allocated(lambda: None, "meta")
+
+
+def test_a_skipped_kernel_launches_nothing():
+    """The stand-in for a Triton kernel whose launches would only write into their outputs: none is written."""
+    out = torch.zeros(4)
+    assert SkippedLaunches()[(1,)](out, 1.0, BLOCK=4) is None
+    assert torch.equal(out, torch.zeros(4))
