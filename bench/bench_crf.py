@@ -255,7 +255,6 @@ def launch_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                       f"{build + cfg.iterations * per_iteration:g} |", flush=True)  # fmt: skip
 
 
-
 def memory_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the simplices kernel on CPU tensors: set before its import
     import torch
