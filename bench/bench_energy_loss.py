@@ -2,7 +2,8 @@
 
 Two measurements in one process, of the blocked version (``kernel="blocked"``) and, on CUDA, of the fused
 Triton kernel (``kernel="fused"``, :mod:`wsss.energy_kernel`; skipped on a CPU, where it only runs in Triton's
-interpreter):
+interpreter), and at the training setting also of the reference's permutohedral lattice (``kernel="lattice"``,
+another ``W``: not compared with the brute force; on CUDA its build and products are the CRF's Triton kernels):
 
 1. The training setting: batch ``--batch`` of ``--size`` crops, ``--classes`` channels, evaluated at
    ``--scale`` (448 at 0.5: 224x224 = 50,176 pixels per image, 2.5e9 kernel entries per image), with
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"training setting: batch {args.batch}, {args.size}x{args.size}", file=sys.stderr)
     full = make_inputs(args.batch, args.size, args.classes, device)
     t_full, m_full = measure(ours_step(full, loss), device, args.repeats, args.warmup)
+    lattice = make_loss(args.scale, None, "lattice")
+    t_lattice, m_lattice = measure(ours_step(full, lattice), device, max(args.repeats, 3), max(args.warmup, 1))
     if fused is not None:  # at least one warm-up step: the first call compiles the kernel
         t_fused_full, m_fused_full = measure(ours_step(full, fused), device, args.repeats, max(args.warmup, 1))
 
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| crop | pixels / image at scale | method | fwd+bwd time (s) | peak memory (MiB) |")
     print("|---|---|---|---|---|")
     print(f"| {args.size} | {n_full} | blocked exact (ours) | {statistics.median(t_full):.3f} | {m_full / 2**20:.0f} |")
+    t_l = statistics.median(t_lattice)
+    print(f"| {args.size} | {n_full} | permutohedral lattice (the reference's) | {t_l:.3f} | {m_lattice / 2**20:.0f} |")
     t_o, t_b = statistics.median(t_ours), statistics.median(t_brute)
     print(f"| {args.compare_size} | {n_small} | blocked exact (ours) | {t_o:.3f} | {m_ours / 2**20:.0f} |")
     print(f"| {args.compare_size} | {n_small} | brute-force N x N | {t_b:.3f} | {m_brute / 2**20:.0f} |")
@@ -213,11 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{m_ours / max(m_brute, 1):.3f}; max relative difference: loss {value_err:.2e}, "
         f"gradient {grad_err:.2e}"
     )
+    print(f"\nAt {args.size}: lattice / blocked time = {t_l / statistics.median(t_full):.4f}")
     if fused is None:
         print("\nFused Triton kernel: not timed (CUDA only).")
     else:
         print(
-            f"\nFused / blocked time: {t_ff / statistics.median(t_full):.3f} at {args.size}, {t_f / t_o:.3f} at "
+            f"\nFused / blocked time: {t_ff / statistics.median(t_full):.3f} at {args.size} (lattice / fused "
+            f"{t_l / t_ff:.3f}), {t_f / t_o:.3f} at "
             f"{args.compare_size}; fused vs brute force at {args.compare_size}, max relative difference: loss "
             f"{fused_value_err:.2e}, gradient {fused_grad_err:.2e}"
         )

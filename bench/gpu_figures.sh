@@ -1,12 +1,14 @@
 #!/bin/bash
 # The GPU figures issues 36 and 37 still need, beside what tools/gpu_check.py measures, in one call; every step is
-# time-capped (the default steps at most 8.75 minutes in all):
+# time-capped (the default steps at most 9.5 minutes in all):
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
-# all but suite) choose among:
+# all but export and suite) choose among:
 #   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the CAM
 #                          pass in bf16, each stage eager and as a CUDA graph against its bound (the energy kernel's
 #                          autotuner picks its blocks here);
+#   train_lattice          the paper setting, CAM pass in bf16, the energy by the reference's lattice
+#                          (loss.reg_kernel=lattice): the whole step as CUDA graphs with it;
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
 #                          loop and the model alone, single scale, ms + flip, + CRF; at COCO size (81 classes, every
 #                          class: the reference) with the peak GPU memory of each mode;
@@ -20,7 +22,7 @@
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-$repo/work_dirs/gpu_figures}}
 steps=("${@:2}")
-[ ${#steps[@]} -gt 0 ] || steps=(train_toy train_bf16 infer_voc infer_coco crf tests)
+[ ${#steps[@]} -gt 0 ] || steps=(train_toy train_bf16 train_lattice infer_voc infer_coco crf tests)
 mkdir -p "$out" && cd "$repo" || exit 2
 if [ -f .gpu-kit/run.sh ]; then runner=(bash .gpu-kit/run.sh python3)
 elif [ -x .venv/bin/python ]; then runner=(.venv/bin/python)
@@ -45,17 +47,19 @@ for name in "${steps[@]}"; do
       --repeats 3 ;;
     train_bf16) step "$name" 90 bench/bench_train.py --device cuda --steps 30 --repeats 3 \
       --cfg-options train.cam_dtype=bfloat16 ;;
+    train_lattice) step "$name" 75 bench/bench_train.py --device cuda --steps 30 --repeats 2 \
+      --cfg-options train.cam_dtype=bfloat16 loss.reg_kernel=lattice ;;
     infer_voc) step "$name" 75 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 ;;
     infer_coco) step "$name" 90 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 ;;
     crf) step "$name" 60 bench/bench_crf.py --cuda-only --cuda-batches 1 16 ;;
     export) step "$name" 120 bench/bench_export.py --device cuda --time --crf --num 256 --batch-sizes 1 16 ;;
-    tests) step "$name" 150 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \
-      tests/test_energy_kernel.py tests/engine/test_cuda_step.py tests/inference/test_cuda_inference.py \
+    tests) step "$name" 120 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \
+      tests/test_energy_kernel.py tests/test_energy_lattice.py tests/engine/test_cuda_step.py tests/inference/test_cuda_inference.py \
       tests/engine/test_graphs.py ;;
     suite) step "$name" 300 "${pytest[@]}" tests ;;
-    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 infer_voc infer_coco crf tests export" \
+    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_lattice infer_voc infer_coco crf tests export" \
       "suite)" >&2
       exit 2 ;;
   esac

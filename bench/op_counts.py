@@ -34,6 +34,7 @@ from wsss.engine.optim import NonFiniteGuard, build_optimizer  # noqa: E402
 from wsss.engine.schedule import PolyWarmupScheduler  # noqa: E402
 from wsss.engine.step import TrainingStep  # noqa: E402
 from wsss.engine.train import LossMeter, iteration  # noqa: E402
+from wsss.inference.crf import kernels as crf_kernels  # noqa: E402
 from wsss.losses import DenseEnergyLoss  # noqa: E402
 from wsss.models import build_model  # noqa: E402
 from wsss.utils.op_count import OpCounter  # noqa: E402
@@ -41,7 +42,8 @@ from wsss.utils.op_count import OpCounter  # noqa: E402
 STAGES = ("model forward", "CAM pass", "PAR pseudo labels", "seg CE", "energy loss", "backward", "guard + optimiser",
           "other (zero grad, schedule, meter)")  # fmt: skip
 KERNELS = ((energy_kernel, "_gaussian_filter_kernel"), (par_kernel, "_affinity_kernel"),
-           (par_kernel, "_propagate_kernel"))
+           (par_kernel, "_propagate_kernel"), (crf_kernels, "_simplex_kernel"), (crf_kernels, "_product_kernel"),
+           (crf_kernels, "_blur_kernel"))  # the last three: the energy's lattice (loss.reg_kernel=lattice)
 ORIGINAL_KERNELS = [getattr(module, name) for module, name in KERNELS]
 
 
@@ -84,6 +86,7 @@ def count_iterations(cfg, size: int) -> tuple[dict[str, int], int]:
         o = cfg.optim
         scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
         train_step = TrainingStep(cfg, mean, std, device)
+        train_step.energy.lattice_kernels = True  # with loss.reg_kernel=lattice, the GPU's path (Triton, fixed codes)
         first = cfg.loss.seg_start_iter
         if graphed:  # PyTorch's kernels: the recording cannot hold the interpreter's copies (not counted)
             train_step.energy.kernel, train_step.par.kernel = "blocked", "torch"

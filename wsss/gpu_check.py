@@ -4,7 +4,8 @@
    variant on CUDA; the step's loss terms on CUDA = on the CPU (same weights and batch); the fused Triton energy
    kernel = the blocked version = brute force; PAR's Triton kernels = its PyTorch path on CUDA; the evaluator's
    counts on CUDA = on the CPU, exactly; the ``Segmenter``'s masks on CUDA = on the CPU; the torch dense CRF's
-   marginals on CUDA, with PyTorch's sparse products and with its Triton kernels, = on the CPU.
+   marginals on CUDA, with PyTorch's sparse products and with its Triton kernels, = on the CPU; the energy loss by
+   the permutohedral lattice (``loss.reg_kernel="lattice"``) on CUDA = on the CPU.
 2. ``bench/bench_train.py --device cuda`` at the paper setting, with the CAM pass in bfloat16 and in float32;
    ``bench/bench_crf.py --cuda-only``: the dense CRF's ms per image at batch 1 and 16.
 3. DDP: a 1-process ``torchrun`` run with NCCL on a generated toy set; its checkpoint at ``resume_from`` resumed to
@@ -40,7 +41,7 @@ from wsss.engine.step import TrainingStep
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.inference.crf import dense_crf_batch
 from wsss.inference.predictor import Segmenter
-from wsss.losses import gaussian_filter_dense
+from wsss.losses import DenseEnergyLoss, gaussian_filter_dense
 from wsss.model_file import load_checkpoint
 from wsss.models import build_backbone, build_model
 from wsss.models.backbone import create_vit
@@ -249,9 +250,11 @@ def device_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
 
 
 def crf_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
-    """Part 1, the dense CRF: the torch backend's marginals on CUDA against the CPU's, with PyTorch's sparse products
-    and with the Triton kernels (``infer.crf.kernel``), two random-colour images of ``image_size`` in one batch (the
-    mean-field cannot run on the emulated device of tests/fake_cuda.py)."""
+    """Part 1, the permutohedral lattice (which cannot run on the emulated device of tests/fake_cuda.py): the dense
+    CRF, the torch backend's marginals on CUDA against the CPU's, with PyTorch's sparse products and with the Triton
+    kernels (``infer.crf.kernel``), two random-colour images of ``image_size`` in one batch; and the energy loss by
+    the lattice (``loss.reg_kernel="lattice"``), its value and gradient on CUDA (Triton kernels, codes fixed in
+    advance) against the CPU's (PyTorch's products, codes read back), two random crops of ``2 energy_side``."""
     g = torch.Generator().manual_seed(0)
     c = len(cfg.data.classes)
     images = [torch.randint(0, 256, (*gc.image_size, 3), generator=g, dtype=torch.uint8).numpy() for _ in range(2)]
@@ -264,6 +267,20 @@ def crf_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
         gap = max(float((a.cpu() - b).abs().max()) for a, b in zip(cuda, cpu, strict=True))
         checks.append(Check(f"dense CRF (torch backend, {what}): CUDA = CPU marginals (max abs)", gap,
                             gc.crf_tolerance, detail=f"{len(images)} images in one batch, {c} classes"))  # fmt: skip
+
+    energy = DenseEnergyLoss.from_config(dataclasses.replace(cfg.loss, reg_kernel="lattice"), cfg.data.ignore_index)
+    side = 2 * gc.energy_side
+    crops = torch.rand(2, 3, side, side, generator=g) * 255
+    probs = torch.rand(2, c, side, side, generator=g).softmax(1)
+    results = {}
+    for device in ("cpu", "cuda"):
+        p = probs.to(device).requires_grad_(True)
+        value = energy(crops.to(device), p, None, probs.argmax(1).to(device))
+        value.backward()
+        results[device] = value.detach(), p.grad
+    gap = max(relative_difference(a, b) for a, b in zip(results["cuda"], results["cpu"], strict=True))
+    checks.append(Check("energy loss by the lattice: CUDA = CPU, value and gradient (relative)", gap, gc.tolerance,
+                        detail=f"2 crops of {side} x {side}, {c} classes"))  # fmt: skip
     return checks
 
 

@@ -1,8 +1,8 @@
 """Training losses: multi-label classification, balanced segmentation CE, dense energy regulariser.
 
 The dense energy loss is the regularised loss of Tang et al. 2018 ("On Regularized Losses for
-Weakly-supervised CNN Segmentation") with the gating and constants of the ToCo release, evaluated
-exactly in PyTorch (no compiled extension, no lattice approximation):
+Weakly-supervised CNN Segmentation") with the gating and constants of the ToCo release, in PyTorch (no compiled
+extension), by default evaluated exactly:
 
     E = -(1 / B) * sum_b sum_i g_i sum_k S_ik (W S_k)_i,
     W_ij = exp(-|p_i - p_j|^2 / (2 sigma_xy'^2) - |I_i - I_j|^2 / (2 sigma_rgb^2)),
@@ -36,6 +36,11 @@ its loss 0.592 times, gradient cosine 0.997 (>= 0.9945). Narrower sigmas instead
 average but turn the gradient (cosine 0.984) and vary 3x more between images. So the exact kernel keeps
 ToCo's sigmas and its weight is scaled: ``LossConfig.reg_lattice_match = 0.59`` multiplies
 ``reg_energy_weight = 1e-7`` (:meth:`DenseEnergyLoss.from_config`). docs/reference.md has the method.
+
+``kernel="lattice"`` (``loss.reg_kernel``) evaluates ``W S`` with the reference's lattice itself
+(:func:`lattice_filter`: the CRF's permutohedral lattice, which is rloss's), at ToCo's weight: ToCo's loss to
+7.7e-6 and its gradient to 2.9e-7 of the largest entry (docs/reference.md), in about 2 % of the blocked version's
+time on a CPU at the paper setting.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wsss.config import ENERGY_KERNELS, LossConfig
+from wsss.inference.crf.permutohedral import FixedBox, build_lattice, fixed_box, kernels, workspace_for
 
 try:  # optional: triton ships with the CUDA builds of torch; without it the blocked version runs everywhere
     from wsss import energy_kernel
@@ -191,8 +197,10 @@ def gaussian_filter(features: Tensor, values: Tensor, kernel: str, block_size: i
     Returns:
         ``(n, K)`` float32.
     """
-    if kernel not in ENERGY_KERNELS:
-        raise ValueError(f"unknown energy kernel {kernel!r}; valid: {', '.join(ENERGY_KERNELS)}")
+    if kernel not in ENERGY_KERNELS or kernel == "lattice":
+        exact = [k for k in ENERGY_KERNELS if k != "lattice"]
+        raise ValueError(f"unknown exact energy kernel {kernel!r}; valid: {', '.join(exact)} (the lattice: "
+                         "lattice_filter)")  # fmt: skip
     if kernel == "auto":
         use_fused = features.device.type == "cuda" and energy_kernel is not None
         kernel = "fused" if use_fused else "blocked"
@@ -203,22 +211,65 @@ def gaussian_filter(features: Tensor, values: Tensor, kernel: str, block_size: i
     return energy_kernel.gaussian_filter_fused(features, values)
 
 
+RGB_RANGE = (-1.0, 256.0)
+"""The colours (0..255, de-normalised crops) a fixed lattice box of the energy covers, with a margin for rounding."""
+
+
+def lattice_filter(features: Tensor, values: Tensor, box: FixedBox | None = None, fused: bool | None = None) -> Tensor:
+    """``W S`` by the permutohedral lattice, as the reference computes it (ToCo's ``DenseEnergyLoss`` calls the
+    ``bilateralfilter`` of meng-tang/rloss: pydensecrf's lattice built with SSE, padding included, one lattice per
+    image, each channel filtered alike).
+
+    Args:
+        features: ``(B, n, D)`` point features already divided by their bandwidths, one lattice per image.
+        values: ``(B, n, K)`` values to filter.
+        box: The lattice's codes fixed in advance (:func:`wsss.inference.crf.permutohedral.fixed_box`, for B images
+            whose features lie within its bounds), so that nothing is read back from the device (a CUDA graph can
+            capture the step); None: from the features' range. A feature outside the box's bounds makes the
+            whole result NaN (a wrong lattice otherwise).
+        fused: Build and filter with the CRF's Triton kernels (:meth:`Lattice.filter_fused`), or PyTorch's sparse
+            products; None: the kernels on CUDA where triton is installed.
+
+    Returns:
+        ``(B, n, K)`` float32.
+    """
+    b, n, d = features.shape
+    if fused is None:
+        fused = features.device.type == "cuda" and kernels is not None
+    flat = features.reshape(b * n, d).float().contiguous()
+    lattice = build_lattice(flat, [n] * b, reference_padding=True, fused=fused, box=box)
+    v = values.reshape(b * n, -1).float().contiguous()
+    workspace = workspace_for([lattice], v.shape[1], torch.float32, v.device)
+    out = lattice.filter_fused(v, torch.empty_like(v), workspace) if fused else lattice.filter(v, workspace=workspace)
+    if box is not None:
+        outside = (flat < box.bounds[0]) | (flat > box.bounds[1])
+        out = torch.where(outside.any(), torch.nan, out)
+    return out.view(b, n, -1)
+
+
 class _DenseEnergy(torch.autograd.Function):
     """``E = -(1/B) sum_b sum_i g_i S_i . (W S)_i`` with ToCo's gradient ``-(2/B) g (W S)``.
 
     Every image is filtered on its whole grid, with ``S`` zeroed outside ``roi`` (those pixels then add nothing
     as columns) and ``g`` zeroed there (nothing as rows, no gradient): the same numbers as filtering the roi
-    pixels alone, with shapes that do not depend on the data, so nothing waits for the device.
+    pixels alone with the exact kernels, with shapes that do not depend on the data, so nothing waits for the
+    device. The lattice's points are those of the whole grid, as the reference's (rloss filters the whole grid with
+    ``S`` zeroed outside the roi).
     """
 
     @staticmethod
-    def forward(ctx, probs: Tensor, features: Tensor, roi: Tensor, gate: Tensor, block_size: int | None, kernel: str):
+    def forward(ctx, probs: Tensor, features: Tensor, roi: Tensor, gate: Tensor, block_size: int | None, kernel: str,
+                lattice: dict):  # fmt: skip
         b, k, h, w = probs.shape
         inside = roi.reshape(b, 1, h * w).float()
         s_all = probs.detach().float().reshape(b, k, h * w) * inside
         g_all = gate.float().reshape(b, 1, h * w) * inside
         f_all = features.float().reshape(b, -1, h * w)
-        gws = torch.stack([g_all[i].T * gaussian_filter(f_all[i].T, s_all[i].T, kernel, block_size) for i in range(b)])
+        if kernel == "lattice":
+            gws = g_all.transpose(1, 2) * lattice_filter(f_all.transpose(1, 2), s_all.transpose(1, 2), **lattice)
+        else:
+            gws = torch.stack([g_all[i].T * gaussian_filter(f_all[i].T, s_all[i].T, kernel, block_size)
+                               for i in range(b)])  # fmt: skip
         energy = -(s_all.transpose(1, 2) * gws).sum(dtype=torch.float64)
         ctx.save_for_backward((-2.0 / b) * gws.transpose(1, 2).reshape(b, k, h, w))
         return (energy / b).to(probs.dtype)
@@ -226,7 +277,7 @@ class _DenseEnergy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (grad,) = ctx.saved_tensors
-        return (grad_output * grad).to(grad_output.dtype), None, None, None, None, None
+        return (grad_output * grad).to(grad_output.dtype), None, None, None, None, None, None
 
 
 def bilateral_features(images: Tensor, sigma_rgb: float, sigma_xy: float) -> Tensor:
@@ -257,6 +308,8 @@ def dense_energy(
     roi: Tensor | None = None,
     gate: Tensor | None = None,
     block_size: int | None = None,
+    box: FixedBox | None = None,
+    fused: bool | None = None,
 ) -> Tensor:
     """Gated dense energy ``-(1/B) sum_b sum_i g_i S_i . (W S)_i`` at the given resolution.
 
@@ -264,10 +317,13 @@ def dense_energy(
         probs: ``(B, K, h, w)`` probabilities ``S`` (gradient flows to them).
         features: ``(B, D, h, w)`` kernel features (:func:`bilateral_features`),
             ``W_ij = exp(-|f_i - f_j|^2 / 2)``.
-        kernel: ``W S`` implementation, see :func:`gaussian_filter`.
-        roi: ``(B, h, w)`` bool region; pixels outside take no part (as rows or columns). None = all.
+        kernel: ``W S`` implementation: ``"lattice"`` (:func:`lattice_filter`) or an exact one, see
+            :func:`gaussian_filter`.
+        roi: ``(B, h, w)`` bool region; pixels outside take no part (as rows or columns; the lattice's points
+            are the whole grid's). None = all.
         gate: ``(B, h, w)`` non-negative per-pixel weights ``g`` (treated as constants). None = 1.
         block_size: Tile edge of :func:`gaussian_filter_dense`.
+        box, fused: The lattice's codes fixed in advance and its kernels (:func:`lattice_filter`).
 
     Returns:
         Scalar energy (negative). Its gradient w.r.t. ``probs`` is ``-(2/B) g (W S)`` inside ``roi``,
@@ -278,7 +334,8 @@ def dense_energy(
         roi = torch.ones(b, h, w, dtype=torch.bool, device=probs.device)
     if gate is None:
         gate = torch.ones(b, h, w, device=probs.device)
-    return _DenseEnergy.apply(probs, features.detach(), roi.to(torch.bool), gate.detach(), block_size, kernel)
+    lattice = {"box": box, "fused": fused}
+    return _DenseEnergy.apply(probs, features.detach(), roi.to(torch.bool), gate.detach(), block_size, kernel, lattice)
 
 
 class DenseEnergyLoss(nn.Module):
@@ -292,8 +349,13 @@ class DenseEnergyLoss(nn.Module):
         scale_factor: Resolution of the evaluation relative to the input.
         ignore_index: Pseudo-label value of unlabelled pixels (gate 1).
         kernel: ``W S`` implementation: ``"auto"`` (fused Triton kernel on CUDA, blocked elsewhere),
-            ``"fused"`` or ``"blocked"``; see :func:`gaussian_filter`.
+            ``"fused"`` or ``"blocked"`` (:func:`gaussian_filter`), or ``"lattice"`` (the reference's,
+            :func:`lattice_filter`; on CUDA its codes fixed from the crop's size and the colours 0..255, so that a
+            CUDA graph can capture it).
         block_size: Tile edge of the blocked evaluation; None picks :func:`default_block_size`.
+        lattice_kernels: The lattice's Triton kernels and codes fixed in advance, the GPU's path; None: on CUDA where
+            triton is installed (its codes fixed on CUDA either way); True runs that path on a CPU too, in Triton's
+            interpreter (``bench/op_counts.py`` counts a GPU's operations so).
     """
 
     def __init__(
@@ -305,6 +367,7 @@ class DenseEnergyLoss(nn.Module):
         ignore_index: int,
         kernel: str,
         block_size: int | None = None,
+        lattice_kernels: bool | None = None,
     ):
         super().__init__()
         self.weight = weight
@@ -314,13 +377,17 @@ class DenseEnergyLoss(nn.Module):
         self.ignore_index = ignore_index
         self.block_size = block_size
         self.kernel = kernel
+        self.lattice_kernels = lattice_kernels
+        self._boxes: dict[tuple, FixedBox] = {}
 
     @classmethod
     def from_config(cls, cfg: LossConfig, ignore_index: int) -> DenseEnergyLoss:
         """The loss with the constants of a :class:`wsss.config.LossConfig`: weight ``reg_energy_weight *
-        reg_lattice_match`` (the reference's strength, see the module docstring)."""
+        reg_lattice_match`` for the exact kernels (the reference's strength, see the module docstring),
+        ``reg_energy_weight`` for the reference's lattice."""
+        match = 1.0 if cfg.reg_kernel == "lattice" else cfg.reg_lattice_match
         return cls(
-            weight=cfg.reg_energy_weight * cfg.reg_lattice_match,
+            weight=cfg.reg_energy_weight * match,
             sigma_rgb=cfg.reg_sigma_rgb,
             sigma_xy=cfg.reg_sigma_xy,
             scale_factor=cfg.reg_scale,
@@ -358,4 +425,20 @@ class DenseEnergyLoss(nn.Module):
         gate = (1.0 - small_probs.detach().amax(dim=1)).clamp(min=0)
         gate = torch.where(label == self.ignore_index, torch.ones_like(gate), gate)
         features = bilateral_features(small_images, self.sigma_rgb, self.sigma_xy * self.scale_factor)
-        return self.weight * dense_energy(small_probs, features, self.kernel, roi, gate * roi, self.block_size)
+        on_gpu = probs.device.type == "cuda"
+        fused = self.lattice_kernels if self.lattice_kernels is not None else on_gpu and kernels is not None
+        box = self._box(b, size, probs.device) if self.kernel == "lattice" and (fused or on_gpu) else None
+        return self.weight * dense_energy(small_probs, features, self.kernel, roi, gate * roi, self.block_size, box,
+                                          fused)  # fmt: skip
+
+    def _box(self, images: int, size: tuple[int, int], device: torch.device) -> FixedBox:
+        """The lattice codes of ``images`` crops of ``size`` (made once each: the first, eager iteration uploads
+        its constants, a captured one reuses them): :func:`bilateral_features`' range, colours in
+        :data:`RGB_RANGE`."""
+        key = (images, size, device)
+        if key not in self._boxes:
+            xy = self.sigma_xy * self.scale_factor
+            low = [0.0, 0.0] + [RGB_RANGE[0] / self.sigma_rgb] * 3
+            high = [(size[1] - 1) / xy, (size[0] - 1) / xy] + [RGB_RANGE[1] / self.sigma_rgb] * 3
+            self._boxes[key] = fixed_box(low, high, images, device)
+        return self._boxes[key]

@@ -189,7 +189,7 @@ def test_every_vertex_and_neighbour_key_has_its_own_code_in_the_box(d):
                 step[j] = d
             every += [keys + step, keys - step]
         every = torch.cat(every).unique(dim=0)
-        codes = ((every - low) * torch.tensor(strides)).sum(dim=1)
+        codes = ((every - torch.tensor(low)) * torch.tensor(strides)).sum(dim=1)
         assert codes.min() >= 0 and codes.max() < span, seed
         assert codes.unique().numel() == every.shape[0], seed
         box = math.prod(int(k) for k in every.max(0).values - every.min(0).values + 1)

@@ -30,7 +30,7 @@ from wsss.config.validation import (
 )
 from wsss.data.classes import VOC_CLASSES
 
-ENERGY_KERNELS = ("auto", "fused", "blocked")
+ENERGY_KERNELS = ("auto", "fused", "blocked", "lattice")
 """Implementations of the energy loss's ``W S`` (:func:`wsss.losses.gaussian_filter`)."""
 
 PAR_KERNELS = ("auto", "fused", "torch")
@@ -250,14 +250,17 @@ class LossConfig(Section):
     reg_lattice_match: float = bounded(0.59, POSITIVE)
     """Factor on ``reg_energy_weight`` that gives the exact dense kernel the strength of the reference's
     permutohedral lattice (measured on photographs, see :mod:`wsss.losses` and docs/reference.md); 1.0 applies
-    ToCo's weight to the exact energy, which then regularises 1 / 0.59 = 1.7x more strongly."""
+    ToCo's weight to the exact energy, which then regularises 1 / 0.59 = 1.7x more strongly. Not applied with
+    ``reg_kernel="lattice"``, which is the reference's lattice."""
     reg_sigma_rgb: float = bounded(15.0, POSITIVE)
     reg_sigma_xy: float = bounded(100.0, POSITIVE)
     reg_scale: float = bounded(0.5, FRACTION)
     reg_kernel: str = choice(*ENERGY_KERNELS)
-    """How ``W S`` of the energy is evaluated, exactly either way: ``fused`` (one Triton kernel, no tile of ``W``
-    in memory; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``blocked`` (tiles in PyTorch, any device) or
-    ``auto`` (fused on CUDA when triton is installed, blocked elsewhere)."""
+    """How ``W S`` of the energy is evaluated: exactly by ``fused`` (one Triton kernel, no tile of ``W`` in memory;
+    CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``blocked`` (tiles in PyTorch, any device) or ``auto`` (fused on
+    CUDA when triton is installed, blocked elsewhere); or ``lattice``: the reference's permutohedral lattice
+    (ToCo's ``bilateralfilter`` of meng-tang/rloss, equal to it within float32 rounding), at ToCo's weight (no
+    ``reg_lattice_match``), about ``N (d+1)`` points' work instead of ``N^2`` pairs' (docs/reference.md)."""
     seg_resize: str = choice("matmul", "interpolate")
     """How the decoder's logits are brought to the crop's pixels for the seg and energy losses, the same bilinear
     resize either way (float32 rounding apart): ``matmul`` (one product per axis, :class:`wsss.models.PixelResize`,

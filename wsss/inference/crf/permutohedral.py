@@ -46,7 +46,7 @@ except ModuleNotFoundError as err:  # pragma: no cover - depends on the install
         raise
     kernels = None
 
-__all__ = ["Lattice", "build_lattice", "workspace_for"]
+__all__ = ["FixedBox", "Lattice", "build_lattice", "fixed_box", "workspace_for"]
 
 _CODE_BITS = 62
 """Keys pack into one int64 code when their coordinate ranges span fewer than 2 ** this many cells (else rows are
@@ -121,12 +121,93 @@ class Lattice:
         return replace(self, splat=_scale(self.splat, inner[:, 0], rows=False), slice=_scale(self.slice, outer[:, 0]))
 
 
+@dataclass(frozen=True)
+class FixedBox:
+    """The integer codes of a lattice's keys fixed in advance from bounds on its features (:func:`fixed_box`), so
+    that :func:`build_lattice` reads nothing back from the device and its shapes depend on the number of points
+    alone: a CUDA graph can capture it. Its tensors are on the features' device, uploaded once when it is made (an
+    upload inside a capture would replay a host buffer that is gone by then).
+
+    Attributes:
+        scales: (d,) float32 elevation factors (:func:`_elevation_scales`).
+        low: (d,) int64, the lowest key of each column the codes count from.
+        strides: (d,) int64 code strides of the key columns.
+        steps: (d+1,) int64 code shifts to each direction's first neighbour.
+        span: Codes per image.
+        images: Images per lattice.
+        total: The sum of the strides.
+        reach: The largest code shift to a neighbour.
+        past: A code past every code of the box and every neighbour's, the empty points' (:func:`_index_vertices`).
+        bounds: (2, d) float32, the lowest and highest features it was made for.
+    """
+
+    scales: Tensor
+    low: Tensor
+    strides: Tensor
+    steps: Tensor
+    span: int
+    images: int
+    total: int
+    reach: int
+    past: int
+    bounds: Tensor
+
+
+def fixed_box(low: Sequence[float], high: Sequence[float], images: int, device: torch.device | str) -> FixedBox:
+    """The :class:`FixedBox` of the lattices of ``images`` images whose features lie within ``low`` .. ``high``
+    (d values each, feature units: already divided by the standard deviations) on ``device``.
+
+    The box is :func:`_code_box`'s for the range of remainder-0 points those features can have
+    (:func:`_remainder_range`). A feature outside the bounds would give a wrong lattice: the caller keeps its
+    features within them.
+    """
+    d = len(low)
+    if len(high) != d or any(lo > hi for lo, hi in zip(low, high, strict=True)):
+        raise ValueError(f"feature bounds must be two sequences of d values, low <= high: got {low}, {high}")
+    ranges = _remainder_range(low, high)
+    low_keys, strides, span = _box_from_range(*zip(*ranges, strict=True))
+    reach = max(abs(s) for s in _code_steps(strides))
+    if span * images + 2 * reach >= 2**_CODE_BITS:
+        raise ValueError(f"feature bounds {low} .. {high} span too many lattice keys for one int64 code: a lattice "
+                         "fixed in advance needs narrower bounds (or larger standard deviations)")  # fmt: skip
+    device = torch.device(device)
+    return FixedBox(
+        scales=torch.tensor(_elevation_scales(d), dtype=torch.float32).to(device),
+        low=torch.tensor(low_keys).to(device),
+        strides=torch.tensor(strides).to(device),
+        steps=torch.tensor(_code_steps(strides)).to(device),
+        span=span,
+        images=images,
+        total=sum(strides),
+        reach=reach,
+        past=span * images + reach,
+        bounds=torch.tensor([list(low), list(high)], dtype=torch.float32).to(device),
+    )
+
+
+def _remainder_range(low: Sequence[float], high: Sequence[float]) -> list[tuple[int, int]]:
+    """The lowest and highest remainder-0 coordinate (:func:`_enclosing_simplex`) of each of the first d columns for
+    features within ``low`` .. ``high``: each elevated coordinate is a linear map of the features (:func:`_elevate`),
+    so its range follows from theirs, plus 1 for float32 rounding; a remainder-0 coordinate lies within 3(d+1)/2
+    of its elevated one (the rounding to a multiple of d+1, then the wrap)."""
+    d = len(low)
+    scales = _elevation_scales(d)
+    margin = 1.0 + 1.5 * (d + 1)
+    ranges = []
+    for j in range(d):  # elevated[0] = sum_i c_i, elevated[j] = sum_{i > j} c_i - j c_j, c_i = scales[i-1] f[i-1]
+        coefficients = [scales[i - 1] * (1.0 if i > j else -float(j) if i == j else 0.0) for i in range(1, d + 1)]
+        terms = [sorted((c * lo, c * hi)) for c, lo, hi in zip(coefficients, low, high, strict=True)]
+        ranges.append((math.floor(sum(t[0] for t in terms) - margin), math.ceil(sum(t[1] for t in terms) + margin)))
+    return ranges
+
+
 def build_lattice(
     features: Tensor,
     sizes: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float32,
     reference_padding: bool = False,
     fused: bool = False,
+    box: FixedBox | None = None,
 ) -> Lattice:
     """The lattice of ``features``, one separate lattice per image when ``sizes`` gives more than one.
 
@@ -147,6 +228,11 @@ def build_lattice(
             float32 roundings) instead of about 80 PyTorch operations, and keep the blur's neighbours as they are
             (``Lattice.neighbours``, read by :func:`~wsss.inference.crf.kernels.blur`) instead of making a matrix
             of them per direction.
+        box: Codes fixed in advance (:func:`fixed_box`, for ``len(sizes)`` images of equal size whose features lie
+            within its bounds), or None: the codes' box from the features' range (read back from the device). With a
+            box nothing is read back and every shape depends on N alone: the lattice keeps N (d+1) points, the M
+            real ones numbered as without a box, then empty ones (no entry, no neighbour), which filter to the same
+            values.
 
     Returns:
         The :class:`Lattice`, on the device of ``features``.
@@ -161,19 +247,25 @@ def build_lattice(
     padded = [k for k, points in enumerate(sizes) if points % 4] if reference_padding else []
     if padded:
         features = torch.cat([features, features.new_zeros(len(padded), d)])
+    if box is not None and (box.images != len(sizes) or len(set(sizes)) > 1 or box.scales.numel() != d):
+        raise ValueError(f"a fixed box of {box.images} images of {box.scales.numel()}-d features cannot take "
+                         f"images of {sizes} points of {d}-d features")  # fmt: skip
     segments = None
-    if len(sizes) > 1:  # each point's image, the padding points' after the others
+    if len(sizes) > 1 and len(set(sizes)) == 1:  # each point's image, the padding's after: nothing uploaded
+        segments = torch.arange(n, device=device).div_(sizes[0], rounding_mode="floor")
+        segments = torch.cat([segments, torch.arange(len(padded), device=device)])  # all images padded, or none
+    elif len(sizes) > 1:
         ends = to_device(torch.tensor(sizes).cumsum(0), device)
         segments = torch.searchsorted(ends, torch.arange(n, device=device), right=True)
         segments = torch.cat([segments, to_device(torch.tensor(padded, dtype=torch.long), device)])
     if fused:
-        scales = to_device(torch.tensor(_elevation_scales(d), dtype=torch.float32), device)
+        scales = box.scales if box is not None else to_device(torch.tensor(_elevation_scales(d)), device)
         rem0, rank, weights = kernels.simplices(features, scales, _down(d))
     else:
         elevated = _elevate(features)
         rem0, rank = _enclosing_simplex(elevated)
         weights = _barycentric(elevated, rem0, rank)
-    vertex, neighbours, m, order = _index_vertices(rem0, rank, segments, len(sizes))
+    vertex, neighbours, m, order = _index_vertices(rem0, rank, segments, len(sizes), box)
     # Lattice values carry one extra row 0 (pydensecrf's "-1 -> 0" shift): what a missing neighbour reads
     size = m + 1
     vertex = vertex[: n * (d + 1)]  # the padding points' entries follow: they splat nothing
@@ -275,7 +367,7 @@ def _barycentric(elevated: Tensor, rem0: Tensor, rank: Tensor) -> Tensor:
 
 
 def _index_vertices(
-    rem0: Tensor, rank: Tensor, segments: Tensor | None, images: int = 1
+    rem0: Tensor, rank: Tensor, segments: Tensor | None, images: int = 1, box: FixedBox | None = None
 ) -> tuple[Tensor, Tensor, int, Tensor | None]:
     """Number the simplex vertices of every point: the lattice points.
 
@@ -291,20 +383,28 @@ def _index_vertices(
       117 -> 89 ms (81 classes, 640 x 480, median of 9) against the insertion order, and the build needs no
       renumbering and no sort of the entries by point (the stable sort of the codes gives it).
 
+    With a fixed ``box`` the codes are its own and sorted, and the M real points are followed by empty ones up to L,
+    so that nothing is read back from the device.
+
     Returns ``vertex`` (L,) with L = N (d+1): the lattice point (0..M-1) of each entry, point-major; (d+1, 2, M):
     for each direction the indices + 1 of every lattice point's first and second neighbour (0 where absent,
-    :func:`_with_second_neighbours`); M; and the entries in the order of their points (stable), or None where the
-    numbering gives it no faster than a sort of ``vertex``.
+    :func:`_with_second_neighbours`); M (L with a box); and the entries in the order of their points (stable), or
+    None where the numbering gives it no faster than a sort of ``vertex``.
     """
     n, d = rem0.shape[0], rem0.shape[1] - 1
     device = rem0.device
     entries = torch.arange(n * (d + 1), device=device)
-    low, strides, span = _code_box(rem0)
+    if box is None:
+        low, strides, span = _code_box(rem0)
+        if span * images >= 2**_CODE_BITS:  # too wide for one int64 code: sort the key rows themselves
+            vertex, n1, m = _index_rows(_keys(rem0, rank, segments), d, offset=0 if segments is None else 1)
+            return vertex, _with_second_neighbours(n1, m), m, None
+        low, stride = to_device(torch.tensor(low), device), to_device(torch.tensor(strides), device)
+        steps = to_device(torch.tensor(_code_steps(strides)), device)
+        reach, total = max(abs(s) for s in _code_steps(strides)), sum(strides)
+    else:
+        low, stride, steps, span, reach, total = box.low, box.strides, box.steps, box.span, box.reach, box.total
     cells = span * images
-    if cells >= 2**_CODE_BITS:  # too wide for one int64 code: sort the key rows themselves
-        vertex, n1, m = _index_rows(_keys(rem0, rank, segments), d, offset=0 if segments is None else 1)
-        return vertex, _with_second_neighbours(n1, m), m, None
-    stride = to_device(torch.tensor(strides), device)
     base = ((rem0[:, :d] - low) * stride).sum(dim=1)
     if segments is not None:
         base += segments.to(device).long() * span
@@ -312,10 +412,8 @@ def _index_vertices(
     by_rank = torch.zeros(n, d + 2, dtype=torch.long, device=device).scatter_(1, rank[:, :d], stride.expand(n, d))
     above = by_rank.flip(1).cumsum_(1)[:, : d + 1]  # above[:, r] = T(i, d+1-r) (rank d+1 holds nothing)
     r = torch.arange(d + 1, device=device)
-    codes = above.mul_(-(d + 1)).add_(base[:, None]).add_(r * sum(strides)).reshape(-1)
-    # the code shift to each direction's first neighbour: every column -1, column j +d
-    steps = to_device(torch.tensor([(d + 1) * s - sum(strides) for s in [*strides, 0]]), device)
-    if cells <= _DENSE_CELLS_PER_ENTRY * entries.numel():  # a table over every cell, no sort, no search
+    codes = above.mul_(-(d + 1)).add_(base[:, None]).add_(r * total).reshape(-1)
+    if box is None and cells <= _DENSE_CELLS_PER_ENTRY * entries.numel():  # a table over every cell, no sort
         first = torch.full((cells,), entries.numel(), device=device).scatter_reduce_(0, codes, entries, "amin")
         points = (first < entries.numel()).nonzero()[:, 0]
         points = points.take(torch.argsort(first.take(points)))  # insertion order
@@ -326,14 +424,19 @@ def _index_vertices(
         n1 = table.take(points[None, :] + steps[:, None])  # (d+1, M); margins keep every shift in the table
         order = None
     else:
-        if cells < 2**31:  # int32 sorts in half the time
+        past = cells + reach if box is None else box.past  # past every code and every code's neighbour
+        if past + reach < 2**31:  # int32 sorts in half the time
             codes, steps = codes.int(), steps.int()
         sorted_codes, order = torch.sort(codes, stable=True)
         first = torch.ones_like(sorted_codes, dtype=torch.bool)
         first[1:] = sorted_codes[1:] != sorted_codes[:-1]
-        unique = sorted_codes[first]
+        point = torch.cumsum(first, 0).sub_(1)
+        if box is None:
+            unique = sorted_codes[first]
+        else:  # every code to its point's slot, the empty points' slots past all of them: still sorted
+            unique = torch.full_like(sorted_codes, past).scatter_(0, point, sorted_codes)
         m = unique.numel()
-        vertex = torch.empty_like(entries).scatter_(0, order, torch.cumsum(first, 0) - 1)
+        vertex = torch.empty_like(entries).scatter_(0, order, point)
         shifted = unique[None, :] + steps[:, None]  # rows ascend: the search walks the table in order (2.3x faster)
         found = torch.searchsorted(unique, shifted, out_int32=m < 2**31).clamp_(max=m - 1)
         hit = unique.index_select(0, found.view(-1)).view_as(found) == shifted  # index_select: int32 as it is
@@ -354,9 +457,24 @@ def _with_second_neighbours(n1: Tensor, m: int) -> Tensor:
     return both[:, :, 1:]
 
 
-def _code_box(rem0: Tensor) -> tuple[Tensor, list[int], int]:
+def _code_steps(strides: list[int]) -> list[int]:
+    """The code shift to each direction's first neighbour (every column -1, column j +d; the last direction: every
+    column -1)."""
+    d = len(strides)
+    return [(d + 1) * s - sum(strides) for s in [*strides, 0]]
+
+
+def _code_box(rem0: Tensor) -> tuple[list[int], list[int], int]:
     """The integer code ``sum_j (key_j - low_j) s_j`` of the keys of every vertex and its neighbours: ``low`` (d,),
-    the strides ``s`` and the number of codes.
+    the strides ``s`` and the number of codes (:func:`_box_from_range` of the remainder-0 points' range, read back
+    from the device)."""
+    d = rem0.shape[1] - 1
+    lowest, highest = torch.aminmax(rem0[:, :d], dim=0)
+    return _box_from_range(*torch.stack([lowest, highest]).tolist())
+
+
+def _box_from_range(lowest: Sequence[int], highest: Sequence[int]) -> tuple[list[int], list[int], int]:
+    """:func:`_code_box` of remainder-0 points whose column j lies within ``lowest[j]`` .. ``highest[j]``.
 
     The box: a vertex column is rem0 - d .. rem0 + d (r - (d+1) >= -d for r >= 1), a neighbour's one further d
     either way. The code counts steps of d+1 per column, as every column of a key has the same remainder modulo d+1
@@ -365,9 +483,9 @@ def _code_box(rem0: Tensor) -> tuple[Tensor, list[int], int]:
     column's radix is a multiple of d+1, so ``S = 1`` modulo d+1 and no two keys share a code; the codes span
     (d+1)^(1-d) of the key box's cells (5-d colour keys of a photograph: about 2^28 against 2^38, so they sort as
     int32)."""
-    d = rem0.shape[1] - 1
-    low = (rem0[:, :d].min(dim=0).values - 2 * d).div(d + 1, rounding_mode="floor") * (d + 1)
-    radix = ((rem0[:, :d].max(dim=0).values + 2 * d - low) // (d + 1) + 1).tolist()
+    d = len(lowest)
+    low = [(int(v) - 2 * d) // (d + 1) * (d + 1) for v in lowest]
+    radix = [(int(v) + 2 * d - lo) // (d + 1) + 1 for v, lo in zip(highest, low, strict=True)]
     radix[-1] = -(-radix[-1] // (d + 1)) * (d + 1)
     strides = [math.prod(radix[i + 1 :]) for i in range(d)]
     return low, strides, sum(((d + 1) * k - 1) * s for k, s in zip(radix, strides, strict=True)) + 1

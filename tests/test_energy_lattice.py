@@ -1,0 +1,196 @@
+"""The energy's ``W S`` by the reference's permutohedral lattice (``loss.reg_kernel="lattice"``): the loss and its
+gradient against the same formula computed image by image, the codes fixed in advance (a CUDA graph can capture
+the build) against the codes read back, on the emulated CUDA device without a host read, and the Triton kernels
+(interpreted here) against PyTorch's products.
+
+The lattice itself is pydensecrf's (tests/inference/test_crf_parity.py) and rloss's: ToCo e13514d's
+``DenseEnergyLoss`` with rloss 1caa759's ``bilateralfilter``, built outside this repository, gave the loss of
+``DenseEnergyLoss(kernel="lattice")`` to 7.7e-6 and its gradient to 2.9e-7 of its largest entry on four 448 crops of
+photographs (docs/reference.md, "Energy-loss calibration").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from skimage import data
+
+from tests.fake_cuda import fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
+from wsss.config import LossConfig
+from wsss.inference.crf import permutohedral
+from wsss.inference.crf.permutohedral import build_lattice, fixed_box
+from wsss.losses import RGB_RANGE, DenseEnergyLoss, bilateral_features, dense_energy, lattice_filter
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+"""Where the Triton kernels run: compiled on a GPU, else in Triton's interpreter (``TRITON_INTERPRET=1``, set in
+conftest.py)."""
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore:Sparse CSR tensor support")]
+
+SIGMA_RGB, SIGMA_XY = 15.0, 7.0
+
+
+def photo_crops(size: tuple[int, int]) -> torch.Tensor:
+    """Two photographs (astronaut, chelsea) cropped to ``size``, (2, 3, h, w) float32 in 0..255, the first rows a
+    dark grey (15: one colour sigma from black) where the SSE build's padding point (feature 0) adds lattice points
+    that relay the blur: at 23 x 21 the first image's filter moves by 3.3e-3 of its largest value with it."""
+    crops = [torch.from_numpy(p[100 : 100 + size[0], 150 : 150 + size[1]].copy()) for p in (data.astronaut(),
+                                                                                          data.chelsea())]  # fmt: skip
+    images = torch.stack(crops).permute(0, 3, 1, 2).float()
+    images[:, :, :3] = 15.0
+    return images
+
+
+def softmax_maps(size: tuple[int, int], classes: int = 4, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, classes, 4, 4, generator=g) * 3
+    return F.interpolate(logits, size=size, mode="bilinear", align_corners=False).softmax(dim=1)
+
+
+def box_for(size: tuple[int, int], device: torch.device | str = "cpu") -> permutohedral.FixedBox:
+    """The box of two crops of ``size`` (:meth:`DenseEnergyLoss._box`'s bounds)."""
+    low = [0.0, 0.0] + [RGB_RANGE[0] / SIGMA_RGB] * 3
+    high = [(size[1] - 1) / SIGMA_XY, (size[0] - 1) / SIGMA_XY] + [RGB_RANGE[1] / SIGMA_RGB] * 3
+    return fixed_box(low, high, 2, device)
+
+
+@pytest.mark.parametrize("size", [(24, 20), (23, 21)])  # 23 x 21 pixels: pydensecrf's SSE build pads each image
+def test_the_lattice_energy_is_the_formula_image_by_image(size):
+    """``E = -(1/B) sum g S . (W S)`` and ToCo's gradient ``-(2/B) g W S``, ``W S`` by one lattice per image (its
+    points the whole grid's, ``S`` zeroed outside the roi), each image filtered on its own here."""
+    images, probs = photo_crops(size), softmax_maps(size).requires_grad_(True)
+    roi = torch.ones(2, *size, dtype=torch.bool)
+    roi[1, :, :5] = False
+    gate = 1.0 - probs.detach().amax(dim=1)
+    gate[0, :3] = 1.0
+    features = bilateral_features(images, SIGMA_RGB, SIGMA_XY)
+    energy = dense_energy(probs, features, "lattice", roi, gate * roi)
+    (grad,) = torch.autograd.grad(energy, probs)
+
+    s_all = (probs.detach() * roi[:, None]).flatten(2).transpose(1, 2)  # (2, n, K)
+    one_by_one = [build_lattice(features[i].flatten(1).T.contiguous(), reference_padding=True) for i in range(2)]
+    ws = torch.stack([lattice.filter(s) for lattice, s in zip(one_by_one, s_all, strict=True)])
+    gws = (gate * roi).flatten(1)[..., None] * ws
+    want = -(s_all * gws).sum(dtype=torch.float64) / 2
+    torch.testing.assert_close(energy.double(), want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(grad, (-2.0 / 2) * gws.transpose(1, 2).reshape(probs.shape), rtol=1e-5, atol=1e-7)
+
+    # the comparison can fail: the SSE build's padding dropped, the images' lattices shared
+    if size[0] * size[1] % 4:
+        unpadded = build_lattice(features[0].flatten(1).T.contiguous()).filter(s_all[0])
+        assert (unpadded - ws[0]).abs().max() > 1e-3 * ws[0].abs().max()
+    shared = lattice_filter(features.flatten(2).transpose(1, 2).reshape(1, -1, 5), s_all.reshape(1, -1, 4))
+    assert (shared.view_as(ws) - ws).abs().max() > 1e-3 * ws.abs().max()
+
+
+def test_the_gpu_s_path_of_the_lattice_loss_equals_the_cpu_s():
+    """``DenseEnergyLoss`` with the lattice's Triton kernels and codes fixed from the crop size (a GPU's path; here
+    on ``DEVICE``) against PyTorch's products with the codes read back: value and gradient to float32 rounding; and
+    a crop of another size takes a box of its own."""
+    loss = DenseEnergyLoss(1e-7, SIGMA_RGB, SIGMA_XY, 1.0, 255, "lattice")
+    results = {}
+    for size in ((23, 21), (16, 20)):
+        images, probs = photo_crops(size), softmax_maps(size)
+        label = probs.argmax(dim=1)
+        label[:, :2] = 255
+        valid = torch.ones(2, *size, dtype=torch.bool)
+        valid[1, -4:] = False
+        for gpu_path in (False, True):
+            loss.lattice_kernels = gpu_path
+            device = DEVICE if gpu_path else torch.device("cpu")
+            p = probs.to(device).requires_grad_(True)
+            value = loss(images.to(device), p, valid.to(device), label.to(device))
+            value.backward()
+            results[size, gpu_path] = value.detach().cpu(), p.grad.cpu()
+        (value_cpu, grad_cpu), (value_gpu, grad_gpu) = results[size, False], results[size, True]
+        torch.testing.assert_close(value_gpu, value_cpu, rtol=1e-5, atol=0)
+        torch.testing.assert_close(grad_gpu, grad_cpu, rtol=1e-4, atol=1e-5 * grad_cpu.abs().max().item())
+    assert len(loss._boxes) == 2 and {key[1] for key in loss._boxes} == {(23, 21), (16, 20)}
+
+
+def test_the_lattice_weight_is_toco_s_and_the_exact_kernels_are_matched():
+    """``reg_lattice_match`` scales the exact kernels to the lattice's strength; the lattice takes ToCo's 1e-7."""
+    cfg = LossConfig()
+    assert DenseEnergyLoss.from_config(cfg, 255).weight == pytest.approx(1e-7 * 0.59)
+    lattice = DenseEnergyLoss.from_config(dataclasses.replace(cfg, reg_kernel="lattice"), 255)
+    assert lattice.weight == 1e-7 and lattice.kernel == "lattice"
+
+
+@pytest.mark.parametrize("size", [(24, 20), (23, 21)])
+@pytest.mark.parametrize("fused", [False, True])
+def test_codes_fixed_in_advance_filter_as_the_codes_read_back(size, fused):
+    """A fixed box numbers the lattice's real points as the codes read back do and adds empty ones: the same
+    values, to the bit on the CPU (the kernels against PyTorch's products to float32 rounding)."""
+    device = DEVICE if fused else torch.device("cpu")
+    features = bilateral_features(photo_crops(size), SIGMA_RGB, SIGMA_XY).flatten(2).transpose(1, 2).to(device)
+    values = softmax_maps(size).flatten(2).transpose(1, 2).to(device)
+    box = box_for(size, device)
+    read_back = lattice_filter(features, values, fused=False)
+    fixed = lattice_filter(features, values, box, fused=fused)
+    if fused:
+        torch.testing.assert_close(fixed, read_back, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(fixed, read_back)
+    flat = features.reshape(-1, 5).contiguous()
+    lattice = build_lattice(flat, [size[0] * size[1]] * 2, reference_padding=True, fused=fused, box=box)
+    assert lattice.points == features.shape[0] * features.shape[1] * 6 + (12 if size[0] * size[1] % 4 else 0)
+
+
+def test_a_fixed_box_holds_features_anywhere_within_its_bounds():
+    """Features at the bounds' corners and spread over them: the box's codes give the lattice of the codes read
+    back (a box too small for them would make two keys share a code, or a code wrap)."""
+    g = torch.Generator().manual_seed(3)
+    low, high = [-2.0, 0.0, 1.0, -5.0, 0.0], [3.0, 4.0, 9.0, 5.0, 0.5]
+    span = torch.tensor(high) - torch.tensor(low)
+    corners = torch.tensor([[(c >> j) & 1 for j in range(5)] for c in range(32)], dtype=torch.float32)
+    features = torch.cat([corners, torch.rand(400, 5, generator=g)]) * span + torch.tensor(low)
+    values = torch.rand(2, features.shape[0] // 2, 3, generator=g)
+    features = features.view(2, -1, 5)
+    box = fixed_box(low, high, 2, "cpu")
+    read_back = lattice_filter(features, values, fused=False)
+    assert torch.equal(lattice_filter(features, values, box, fused=False), read_back)
+    outside = features.clone()
+    outside[1, 7, 2] = high[2] + 0.01  # a feature past the bounds: the whole result NaN, not a wrong lattice
+    assert lattice_filter(outside, values, box, fused=False).isnan().all()
+
+
+def test_the_remainder_range_of_bounds_holds_their_corners_tightly():
+    """The remainder-0 points of features at the bounds' 32 corners (the extremes of every elevated coordinate, a
+    linear map of the features) and between them lie within :func:`permutohedral._remainder_range`, which is no
+    wider than their own range plus its margins."""
+    g = torch.Generator().manual_seed(4)
+    low, high = [-2.0, 0.0, 1.0, -5.0, 0.0], [3.0, 4.0, 9.0, 5.0, 0.5]
+    corners = torch.tensor([[(c >> j) & 1 for j in range(5)] for c in range(32)], dtype=torch.float32)
+    unit = torch.cat([corners, torch.rand(2000, 5, generator=g)])
+    features = unit * (torch.tensor(high) - torch.tensor(low)) + torch.tensor(low)
+    elevated = permutohedral._elevate(features)
+    rem0, _ = permutohedral._enclosing_simplex(elevated)
+    margin = 1 + 1.5 * 6
+    for j, (lowest, highest) in enumerate(permutohedral._remainder_range(low, high)):
+        assert lowest <= rem0[:, j].min() and rem0[:, j].max() <= highest, j
+        assert elevated[:, j].min() - margin - 1 <= lowest and highest <= elevated[:, j].max() + margin + 1, j
+
+
+def test_bounds_too_wide_for_one_code_are_refused():
+    with pytest.raises(ValueError, match="narrower bounds"):
+        fixed_box([0.0] * 5, [1e4] * 5, 4, "cpu")
+
+
+@needs_fake_cuda
+def test_the_fixed_build_reads_nothing_back_on_the_emulated_device(monkeypatch):
+    """The build with a fixed box on the emulated CUDA device (up to the CSR matrices, which the emulator cannot
+    make) in a no-sync region; the codes read back from the features' range sync there."""
+    monkeypatch.setattr(permutohedral, "_csr", lambda crow, cols, values, size, dtype: (crow, cols, values))
+    size = (23, 21)
+    features = bilateral_features(photo_crops(size), SIGMA_RGB, SIGMA_XY).flatten(2).transpose(1, 2).reshape(-1, 5)
+    with fake_cuda() as mode:
+        box = box_for(size, "cuda")
+        on_device = features.contiguous().to("cuda")
+        with no_sync(mode):
+            lattice = build_lattice(on_device, [size[0] * size[1]] * 2, reference_padding=True, box=box)
+            assert lattice.points == on_device.shape[0] * 6 + 12
+            with raises_host_sync():
+                build_lattice(on_device, [size[0] * size[1]] * 2, reference_padding=True)
