@@ -107,6 +107,7 @@ def stage_bounds(cfg, cam_bf16: bool) -> dict[str, float]:
         "seg CE": row("seg CE"),
         "energy loss, blocked": row("energy, blocked"),
         "energy loss, fused": row("energy, fused"),
+        "energy loss, lattice": row("energy, lattice"),
     }
 
 

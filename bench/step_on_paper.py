@@ -56,6 +56,8 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
     energy_tensor = pairs * 2 * 2 * k2  # two TF32 products per pair
     energy_fp32 = pairs * 16  # 5 differences, 5 FMAs, the TF32 split of W (~6 instructions)
     blocked_bytes = b * (n * n / 2) * 20  # one 8192^2 tile entry: exponent write, exp read+write, 2 matmul reads
+    lattice_points = b * n * 6  # loss.reg_kernel=lattice on a GPU: N (d+1) points, d = 5 (codes fixed in advance)
+    lattice_bytes = 6 * lattice_points * classes * 4 * 2  # its blur alone: 6 directions, each point read and written
     par_pixels = int(s * cfg.par.scale) ** 2
     par_channels = 2 * 3  # two threshold stacks of background + ~2 classes
     neighbours = PAR_NEIGHBOURS_PER_DILATION * len(cfg.par.dilations)
@@ -85,6 +87,13 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
             max(energy_tensor / H100["tf32 tensor"], energy_fp32 / H100["fp32 instructions"], pairs / H100["exp2"]),
         ),
         ("energy, blocked (8192^2 tiles)", energy_tensor / 2, blocked_bytes, "hbm", blocked_bytes / H100["hbm"]),
+        (
+            f"energy, lattice ({lattice_points:.2e} points, the blur's traffic)",
+            6 * lattice_points * classes * 2,
+            lattice_bytes,
+            "hbm",
+            lattice_bytes / H100["hbm"],
+        ),
         ("fused AdamW", params * 14, adam_bytes, "hbm", adam_bytes / H100["hbm"]),
     ]
     return rows

@@ -20,9 +20,10 @@ from skimage import data
 
 from tests.fake_cuda import fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss.config import LossConfig
-from wsss.inference.crf import permutohedral
+from wsss.inference.crf import kernels, permutohedral
 from wsss.inference.crf.permutohedral import build_lattice, fixed_box
 from wsss.losses import RGB_RANGE, DenseEnergyLoss, bilateral_features, dense_energy, lattice_filter
+from wsss.utils.op_count import OpCounter
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """Where the Triton kernels run: compiled on a GPU, else in Triton's interpreter (``TRITON_INTERPRET=1``, set in
@@ -109,6 +110,31 @@ def test_the_gpu_s_path_of_the_lattice_loss_equals_the_cpu_s():
         torch.testing.assert_close(value_gpu, value_cpu, rtol=1e-5, atol=0)
         torch.testing.assert_close(grad_gpu, grad_cpu, rtol=1e-4, atol=1e-5 * grad_cpu.abs().max().item())
     assert len(loss._boxes) == 2 and {key[1] for key in loss._boxes} == {(23, 21), (16, 20)}
+
+
+LOSS_OPERATIONS = (116, 6)
+"""Operations the lattice loss dispatches on a GPU's path (each Triton launch one), forward and backward; the
+training step's energy stage (``bench/op_counts.py --cfg-options loss.reg_kernel=lattice``) adds the logits' resize."""
+
+
+def test_the_gpu_s_lattice_loss_dispatches_no_more_operations_than_counted(monkeypatch):
+    """The ceilings, on two 24 x 20 crops with 21 classes (the counts do not depend on the size), after the first
+    call (which uploads the codes' constants)."""
+    loss = DenseEnergyLoss(1e-7, SIGMA_RGB, SIGMA_XY, 0.5, 255, "lattice", lattice_kernels=True)
+    size = (24, 20)
+    images, probs = photo_crops(size).to(DEVICE), softmax_maps(size, classes=21).to(DEVICE)
+    label = probs.argmax(dim=1)
+    loss(images, probs, None, label)
+    counter = OpCounter()
+    for name in kernels.LAUNCHED:
+        monkeypatch.setattr(kernels, name, counter.launches(getattr(kernels, name)))
+    p = probs.clone().requires_grad_(True)
+    with counter:
+        value = loss(images, p, None, label)
+        with counter.stage("backward"):
+            value.backward()
+    assert counter.counts["other"] <= LOSS_OPERATIONS[0] and counter.counts["backward"] <= LOSS_OPERATIONS[1], (
+        counter.counts)
 
 
 def test_the_lattice_weight_is_toco_s_and_the_exact_kernels_are_matched():
