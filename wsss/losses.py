@@ -236,14 +236,18 @@ def lattice_filter(features: Tensor, values: Tensor, box: FixedBox | None = None
     b, n, d = features.shape
     if fused is None:
         fused = features.device.type == "cuda" and kernels is not None
-    flat = features.reshape(b * n, d).float().contiguous()
-    lattice = build_lattice(flat, [n] * b, reference_padding=True, fused=fused, box=box)
-    v = values.reshape(b * n, -1).float().contiguous()
-    workspace = workspace_for([lattice], v.shape[1], torch.float32, v.device)
-    out = lattice.filter_fused(v, torch.empty_like(v), workspace) if fused else lattice.filter(v, workspace=workspace)
-    if box is not None:
-        outside = (flat < box.bounds[0]) | (flat > box.bounds[1])
-        out = torch.where(outside.any(), torch.nan, out)
+    with torch.no_grad(), torch.autocast(features.device.type, enabled=False):  # float32 products, as the reference
+        flat = features.reshape(b * n, d).float().contiguous()
+        lattice = build_lattice(flat, [n] * b, reference_padding=True, fused=fused, box=box)
+        v = values.reshape(b * n, -1).float().contiguous()
+        workspace = workspace_for([lattice], v.shape[1], torch.float32, v.device)
+        if fused:
+            out = lattice.filter_fused(v, torch.empty_like(v), workspace)
+        else:
+            out = lattice.filter(v, workspace=workspace)
+        if box is not None:
+            outside = (flat < box.bounds[0]) | (flat > box.bounds[1])
+            out = torch.where(outside.any(), torch.nan, out)
     return out.view(b, n, -1)
 
 
