@@ -56,11 +56,11 @@ for name in "${steps[@]}"; do
     crf) step "$name" 60 bench/bench_crf.py --cuda-only --cuda-batches 1 16 ;;
     export) step "$name" 120 bench/bench_export.py --device cuda --time --crf --num 256 --batch-sizes 1 16 ;;
     tests) step "$name" 120 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \
-      tests/test_energy_kernel.py tests/test_energy_lattice.py tests/engine/test_cuda_step.py tests/inference/test_cuda_inference.py \
-      tests/engine/test_graphs.py ;;
+      tests/test_energy_kernel.py tests/test_energy_lattice.py tests/engine/test_cuda_step.py \
+      tests/inference/test_cuda_inference.py tests/engine/test_graphs.py ;;
     suite) step "$name" 300 "${pytest[@]}" tests ;;
-    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_lattice infer_voc infer_coco crf tests export" \
-      "suite)" >&2
+    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_lattice infer_voc infer_coco crf" \
+      "tests export suite)" >&2
       exit 2 ;;
   esac
 done

@@ -31,7 +31,8 @@ from wsss.config.validation import (
 from wsss.data.classes import VOC_CLASSES
 
 ENERGY_KERNELS = ("auto", "fused", "blocked", "lattice")
-"""Implementations of the energy loss's ``W S`` (:func:`wsss.losses.gaussian_filter`)."""
+"""Implementations of the energy loss's ``W S``: the exact ones (:func:`wsss.losses.gaussian_filter`) and the
+reference's lattice (:func:`wsss.losses.lattice_filter`)."""
 
 PAR_KERNELS = ("auto", "fused", "torch")
 """Implementations of PAR (:class:`wsss.par.PAR`)."""
