@@ -46,6 +46,7 @@ from wsss.losses import DenseEnergyLoss, balanced_seg_ce
 from wsss.models import PixelResize, build_model, maps_to_pixels
 from wsss.models.tta import tta_forward
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
+from wsss.utils.tensors import fp32_precision
 
 PAPER = {"batch": 4, "size": 448, "steps": 50, "images": 16}
 CPU = {"batch": 2, "size": 112, "steps": 2, "images": 2}
@@ -102,7 +103,9 @@ def stage_bounds(cfg, cam_bf16: bool) -> dict[str, float]:
     return {
         "forward + backward": row("forward + backward"),
         "optimiser": row("fused AdamW"),
-        "CAM pass": row("CAM pass, train.cam_dtype=bfloat16" if cam_bf16 else "CAM pass, float32"),
+        "CAM pass": row("CAM pass, train.cam_dtype=bfloat16" if cam_bf16 else
+                        "CAM pass, float32, TF32" if cfg.train.fp32_precision == "tf32" else
+                        "CAM pass, float32, train.fp32_precision=ieee"),  # fmt: skip
         "PAR": row("PAR"),
         "seg CE": row("seg CE"),
         "energy loss, blocked": row("energy, blocked"),
@@ -131,10 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     opts = {**parse_cfg_options(args.cfg_options), "model.pretrained": "", "train.batch_size": args.batch,
             "data.crop_size": args.size}
     cfg = load_config(args.config, opts)
+    with fp32_precision(cfg.train.fp32_precision):  # as tools/train.py runs
+        return measure(args, cfg)
+
+
+def measure(args: argparse.Namespace, cfg) -> int:
+    """:func:`main`'s measurements with the resolved config; the exit status."""
+    device = torch.device(args.device)
     mean, std = backbone_mean_std(cfg.model.backbone)
     num_classes = len(cfg.data.classes)
     torch.manual_seed(0)
@@ -152,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{cfg.model.backbone} / {cfg.model.attention.name}, batch {b}, {s}x{s}, CAM scales {cfg.cam.scales} + flip, "
         f"PAR {cfg.par.num_iter} it, energy kernel {cfg.loss.reg_kernel!r}, bf16 autocast {step.amp}, CAM pass "
-        f"{cfg.train.cam_dtype if step.amp else 'float32'}, CUDA graphs {graphs}; {name}"
+        f"{cfg.train.cam_dtype if step.amp else 'float32'}, float32 products {cfg.train.fp32_precision}, CUDA graphs "
+        f"{graphs}; {name}"
     )
 
     # 1. the real loop body; every term is on from loss.seg_start_iter

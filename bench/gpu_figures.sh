@@ -3,12 +3,14 @@
 # time-capped (the default steps at most 9.5 minutes in all):
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
-# all but export and suite) choose among:
+# all but train_fp32, export and suite) choose among:
 #   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the CAM
 #                          pass in bf16, each stage eager and as a CUDA graph against its bound (the energy kernel's
 #                          autotuner picks its blocks here);
 #   train_lattice          the paper setting, CAM pass in bf16, the energy by the reference's lattice
 #                          (loss.reg_kernel=lattice): the whole step as CUDA graphs with it;
+#   train_fp32             the paper setting as configured: the reference's float32 CAM pass, its products in TF32
+#                          (train.fp32_precision, the reference's), each stage against its bound;
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
 #                          loop and the model alone, single scale, ms + flip, + CRF; at COCO size (81 classes, every
 #                          class: the reference) with the peak GPU memory of each mode;
@@ -49,6 +51,7 @@ for name in "${steps[@]}"; do
       --cfg-options train.cam_dtype=bfloat16 ;;
     train_lattice) step "$name" 75 bench/bench_train.py --device cuda --steps 30 --repeats 2 \
       --cfg-options train.cam_dtype=bfloat16 loss.reg_kernel=lattice ;;
+    train_fp32) step "$name" 75 bench/bench_train.py --device cuda --steps 20 --repeats 2 ;;
     infer_voc) step "$name" 75 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 ;;
     infer_coco) step "$name" 90 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
@@ -59,8 +62,8 @@ for name in "${steps[@]}"; do
       tests/test_energy_kernel.py tests/test_energy_lattice.py tests/engine/test_cuda_step.py \
       tests/inference/test_cuda_inference.py tests/engine/test_graphs.py ;;
     suite) step "$name" 300 "${pytest[@]}" tests ;;
-    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_lattice infer_voc infer_coco crf" \
-      "tests export suite)" >&2
+    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_lattice train_fp32 infer_voc" \
+      "infer_coco crf tests export suite)" >&2
       exit 2 ;;
   esac
 done

@@ -16,11 +16,14 @@ import statistics
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from wsss.cam import multiscale_cam
 from wsss.config import Config, DataConfig, load_config
 from wsss.data.transforms import TrainAugment, backbone_mean_std, denormalize
 from wsss.data.voc import VOCClsDataset, VOCSegDataset
+from wsss.energy_kernel import round_tf32
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
 from wsss.engine.validate import validate
@@ -120,11 +123,66 @@ def weight_decay_effect(cfg: Config) -> None:
     row("DeiT-S: parameters frozen by the reference (pos_embed)", f"{frozen:,}")
 
 
+def tf32(x, truncate: bool):
+    """A float32 tensor's values as TF32 holds them (10 mantissa bits): rounded to nearest (ties away, PTX's
+    ``cvt.rna.tf32.f32``), or with ``truncate`` the lower 13 bits cut (PyTorch's note: "only the first 10 bits of the
+    input mantissa are read"); anything else unchanged."""
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        return x
+    return (x.view(torch.int32) & -0x2000).view(torch.float32) if truncate else round_tf32(x)
+
+
+class TF32Products(TorchFunctionMode):
+    """The CPU computing as a GPU's TF32 tensor cores do (``train.fp32_precision="tf32"``): the operands of every
+    float32 matrix product and convolution rounded to TF32 (:func:`tf32`), the sums in float32, a bias added
+    unrounded. ``F.scaled_dot_product_attention`` becomes its two products, each with TF32 operands (the softmax in
+    float32)."""
+
+    PRODUCTS = {F.linear, F.conv2d, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
+                torch.Tensor.__rmatmul__, torch.mm, torch.bmm, torch.Tensor.mm, torch.Tensor.bmm}  # fmt: skip
+    """Functions whose first two arguments are a product's operands (a bias, the third, stays float32)."""
+
+    def __init__(self, truncate: bool = False):
+        super().__init__()
+        self.truncate = truncate
+        self.products = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            q, k, v = (tf32(t, self.truncate) for t in args[:3])
+            if len(args) > 3 or set(kwargs) - {"scale", "dropout_p"} or kwargs.get("dropout_p", 0.0):
+                raise NotImplementedError("TF32Products: attention with a mask or dropout")
+            scale = kwargs.get("scale") or q.shape[-1] ** -0.5
+            attn = (torch.matmul(q, k.transpose(-2, -1)) * scale).softmax(dim=-1)
+            self.products += 2
+            return torch.matmul(tf32(attn, self.truncate), v)
+        if func in self.PRODUCTS:
+            args = (*(tf32(a, self.truncate) for a in args[:2]), *args[2:])
+            self.products += 1
+        return func(*args, **kwargs)
+
+
 def cam_precision_effect(name: str, model: WSSSModel, cfg: Config, batch: dict, mean, std) -> None:
+    """Pseudo labels of the CAM pass in bf16 (autocast) and with TF32 products (emulated) against float32."""
     model.train()
     a = pseudo(model, cfg, batch, mean, std)
     b = pseudo(model, cfg, batch, mean, std, cam_autocast=True)
-    row(f"{name}: pseudo-label pixels equal, bf16 CAM pass vs fp32", f"{100 - changed(a, b):.2f} %")
+    row(f"{name}: pseudo-label pixels equal, bf16 CAM pass vs fp32", f"{100 - changed(a, b):.3f} % "
+        f"({int((a != b).sum())} of {a.numel()} differ)")  # fmt: skip
+    for truncate in (False, True):
+        with TF32Products(truncate) as mode:
+            c = pseudo(model, cfg, batch, mean, std)
+        row(f"{name}: pseudo-label pixels equal, TF32 products ({'truncated' if truncate else 'rounded'}; "
+            f"{mode.products} products) vs fp32", f"{100 - changed(a, c):.3f} % ({int((a != c).sum())} of "
+            f"{a.numel()} differ)")  # fmt: skip
+    threads = torch.get_num_threads()
+    if threads > 1:  # the float32 pass's own summation order: another thread count splits its sums otherwise
+        torch.set_num_threads(1)
+        d = pseudo(model, cfg, batch, mean, std)
+        torch.set_num_threads(threads)
+        row(f"{name}: pseudo-label pixels equal, fp32 CAM pass on 1 thread vs {threads}",
+            f"{100 - changed(a, d):.3f} % ({int((a != d).sum())} of {a.numel()} differ)")  # fmt: skip
 
 
 def cam_alignment_effect(model: WSSSModel, cfg: Config, dataset: VOCClsDataset, mean, std, crop: int) -> None:
@@ -246,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-images", type=int, default=100)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--pos-embed-only", action="store_true", help="only the position-embedding resampling rows")
+    parser.add_argument("--cam-precision-only", action="store_true", help="only the CAM pass's precision rows")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -268,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     paper_model = build_model(paper.model, len(ckpt["classes"]))
 
     print("| measurement | value |\n|---|---|")
+    if args.cam_precision_only:
+        cam_precision_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
+        cam_precision_effect("toy (trained)", toy_model, toy_cfg, toy_batch, mean, std)
+        return 0
     pos_embed_effect("DeiT-S 448 (random init)", paper_model.state_dict(), paper, paper_batch, pmean, pstd)
     pos_embed_effect("toy (trained)", ckpt["model"], toy_cfg, toy_batch, mean, std, args.val_images)
     if args.pos_embed_only:

@@ -69,7 +69,9 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
     seg_flops = 3 * 2 * b * classes * grid * s * (grid + s)  # loss.seg_resize=matmul: its products, forward + backward
     rows = [
         ("forward + backward, bf16 autocast", train_flops, 0.0, "bf16 tensor", train_flops / H100["bf16 tensor"]),
-        ("CAM pass, float32 (reference)", cam_flops, 0.0, "fp32 cuda cores", cam_flops / H100["fp32 cuda cores"]),
+        ("CAM pass, float32, TF32 (reference)", cam_flops, 0.0, "tf32 tensor", cam_flops / H100["tf32 tensor"]),
+        ("CAM pass, float32, train.fp32_precision=ieee", cam_flops, 0.0, "fp32 cuda cores",
+         cam_flops / H100["fp32 cuda cores"]),  # fmt: skip
         ("CAM pass, train.cam_dtype=bfloat16", cam_flops, 0.0, "bf16 tensor", cam_flops / H100["bf16 tensor"]),
         ("PAR pseudo labels (minimal traffic)", par_flops, par_bytes, "hbm", par_bytes / H100["hbm"]),
         (

@@ -72,6 +72,8 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from wsss.utils.tensors import fp32_precision
+
 TORCH_FLOOR = (2, 10)
 """The first torch this harness runs on. Below it ``Tensor.to("cuda")`` initialises the CUDA runtime before the
 dispatch mode sees it, so without a driver it raises (measured on 2.4.1, 2.5.1, 2.6.0, 2.8.0 and 2.9.1), and 2.4's
@@ -382,14 +384,12 @@ def fake_cuda(no_sync: bool = False) -> Iterator[FakeCudaMode | RealCudaMode]:
         no_sync: Raise where an op would make the host wait for the device (:func:`raises_host_sync`).
     """
     if REAL_GPU:  # float32 as the CPU computes it: no TF32 in matmuls and convolutions
-        tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         mode = RealCudaMode(no_sync)
         try:
-            yield mode
+            with fp32_precision("ieee"):
+                yield mode
         finally:
             mode.no_sync = False
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
             torch.cuda.synchronize()
         return
     with (

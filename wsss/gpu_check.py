@@ -47,6 +47,7 @@ from wsss.models import build_backbone, build_model
 from wsss.models.backbone import create_vit
 from wsss.par import PAR
 from wsss.utils.fileio import atomic_write_text
+from wsss.utils.tensors import fp32_precision
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -347,17 +348,13 @@ def gpu_check(config: str, cfg: Config, out_dir: str | Path, parts: tuple[str, .
         raise ValueError(f"{config}: gpu-check needs data.classes as a list of names (the model's size), not a file")
     gc = cfg.gpu_check
     report = Report(environment=environment())
-    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     for part in parts:
         tic = time.perf_counter()
         progress(f"gpu-check: {part} ...")
         try:
             if part == "device":
-                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-                try:
+                with fp32_precision("ieee"):
                     report.checks += [*device_checks(cfg, gc), *crf_checks(cfg, gc)]
-                finally:
-                    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
             elif part == "bench":
                 report.sections.update(bench_sections(config, gc))
             elif part == "ddp":

@@ -69,6 +69,7 @@ PAPER_CONSTANTS = {
     "train.max_iters": 80000,
     "train.batch_size": 4,
     "train.cam_dtype": "float32",
+    "train.fp32_precision": "tf32",  # torch 1.10 on A100 (the reference's log): TF32 products by default
     "train.val_input": "crop",
     "infer.scales": (1.0, 1.25, 1.5),
     "infer.flip": True,

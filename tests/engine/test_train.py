@@ -20,6 +20,7 @@ from tools import train as train_cli
 from wsss.config import dump_config
 from wsss.engine.checkpoint import LAST_CHECKPOINT
 from wsss.engine.optim import NonFiniteLossError
+from wsss.engine.step import TrainingStep
 from wsss.engine.train import train
 from wsss.model_file import load_checkpoint
 
@@ -54,6 +55,24 @@ def test_resume_is_exact_when_validating_at_the_checkpoint(tiny_voc, tmp_path):
     assert a["step"] == b["step"] == 6
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+@pytest.mark.parametrize("mode", ["tf32", "ieee"])
+def test_a_run_computes_float32_products_as_the_config_says(tiny_voc, tmp_path, monkeypatch, mode):
+    """``train.fp32_precision`` holds for every step of the run (the flags a GPU's cuBLAS and cuDNN read; the CPU
+    ignores them), and the process's own setting comes back after it."""
+    seen, call = set(), TrainingStep.__call__
+
+    def spy(self, *args, **kwargs):
+        seen.add((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrainingStep, "__call__", spy)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    cfg = tiny_config(tiny_voc, max_iters=2, fp32_precision=mode)
+    train(cfg, work_dir=tmp_path / "w", device="cpu")
+    assert seen == {(mode == "tf32", mode == "tf32")}
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
 def test_checkpoint_is_self_describing(tiny_voc, tmp_path):

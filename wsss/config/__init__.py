@@ -28,6 +28,7 @@ from wsss.config.loading import (
 from wsss.config.schema import (
     CRF_KERNELS,
     ENERGY_KERNELS,
+    FP32_PRECISIONS,
     PAR_KERNELS,
     AttentionConfig,
     CamConfig,
@@ -58,6 +59,7 @@ __all__ = [
     "BACKBONE_RANGES",
     "CRF_KERNELS",
     "ENERGY_KERNELS",
+    "FP32_PRECISIONS",
     "PAR_KERNELS",
     "AttentionConfig",
     "CamConfig",

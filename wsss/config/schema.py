@@ -33,6 +33,9 @@ from wsss.data.classes import VOC_CLASSES
 ENERGY_KERNELS = ("auto", "fused", "blocked", "lattice")
 """Implementations of the energy loss's ``W S``: the exact ones (:func:`wsss.losses.gaussian_filter`) and the
 reference's lattice (:func:`wsss.losses.lattice_filter`)."""
+FP32_PRECISIONS = ("tf32", "ieee")
+"""How a GPU computes float32 matrix products and convolutions (:func:`wsss.utils.tensors.fp32_precision`),
+named as torch's ``fp32_precision`` names them."""
 
 PAR_KERNELS = ("auto", "fused", "torch")
 """Implementations of PAR (:class:`wsss.par.PAR`)."""
@@ -305,6 +308,11 @@ class TrainConfig(Section):
     cam_dtype: str = choice("float32", "bfloat16")
     """Precision of the no-grad CAM pass that feeds the pseudo labels: ``float32`` (the reference) or
     ``bfloat16`` (autocast, with ``amp`` on a GPU)."""
+    fp32_precision: str = choice(*FP32_PRECISIONS)
+    """How a GPU computes the float32 matrix products and convolutions of a training run (the CAM pass with
+    ``cam_dtype="float32"``, whatever ``amp`` leaves in float32, validation): ``tf32`` (the reference: its released
+    run is torch 1.10 on A100s, whose default put them on TF32 tensor cores) or ``ieee`` (float32 throughout, several
+    times slower; docs/reference.md row 21). Nothing changes on a CPU."""
     compile: bool = False
     """``torch.compile`` the model's forward pass of the training step (the CAM pass and validation run eagerly)."""
     cuda_graphs: bool = True

@@ -53,6 +53,7 @@ from wsss.utils.distributed import (
     init_distributed,
 )
 from wsss.utils.lifetime import die_with_parent
+from wsss.utils.tensors import fp32_precision
 
 
 @dataclass
@@ -170,7 +171,8 @@ def train(
     device: str | None = None,
     overwrite: bool = False,
 ) -> TrainResult:
-    """Train the model ``cfg`` describes.
+    """Train the model ``cfg`` describes, a GPU's float32 products as ``train.fp32_precision`` says (the earlier
+    setting restored on return).
 
     Args:
         cfg: The resolved config.
@@ -188,10 +190,11 @@ def train(
             skipped, and the last good checkpoint is left as it was.
     """
     work = Path(work_dir or cfg.work_dir or "work_dirs/run")
-    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 alone writes the work dir
-        return _train(cfg, work, resume, device, overwrite)
-    with claim_work_dir(work, resume, overwrite):
-        return _train(cfg, work, resume, device, overwrite)
+    with fp32_precision(cfg.train.fp32_precision):
+        if int(os.environ.get("RANK", "0")) != 0:  # rank 0 alone writes the work dir
+            return _train(cfg, work, resume, device, overwrite)
+        with claim_work_dir(work, resume, overwrite):
+            return _train(cfg, work, resume, device, overwrite)
 
 
 def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | None, overwrite: bool) -> TrainResult:

@@ -1,11 +1,16 @@
-"""Tensor operations where torch's own is slow on the CPU."""
+"""Tensor operations where torch's own is slow on the CPU, and the precision of a GPU's float32 products."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
-__all__ = ["argmax", "to_device"]
+from wsss.config import FP32_PRECISIONS
+
+__all__ = ["argmax", "fp32_precision", "to_device"]
 
 
 def argmax(x: Tensor, dim: int) -> Tensor:
@@ -26,3 +31,22 @@ def to_device(x: Tensor, device: torch.device | str) -> Tensor:
     if device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():
         x = x.pin_memory()
     return x.to(device, non_blocking=True)
+
+
+@contextlib.contextmanager
+def fp32_precision(mode: str) -> Iterator[None]:
+    """Float32 matrix products (cuBLAS) and convolutions (cuDNN) on a GPU in ``mode`` while the block runs, the
+    earlier setting after it: ``"tf32"`` (tensor cores: each operand rounded to TF32's 10 mantissa bits, the sums in
+    float32; what PyTorch 1.7-1.11 did by default on Ampere and later GPUs) or ``"ieee"`` (float32 throughout).
+    Nothing changes on a CPU.
+
+    Set through the ``allow_tf32`` flags, which every supported torch has; torch 2.9's ``fp32_precision`` attributes
+    raise where a process mixes the two kinds of setting, so the project uses these alone."""
+    if mode not in FP32_PRECISIONS:
+        raise ValueError(f"fp32 precision must be one of {FP32_PRECISIONS}, got {mode!r}")
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
