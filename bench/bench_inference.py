@@ -90,6 +90,7 @@ from wsss.inference.predictor import Segmenter
 from wsss.models import build_model
 from wsss.models.tta import tta_forward
 from wsss.utils.fileio import save_image
+from wsss.utils.tensors import fp32_precision
 
 CASES = {"voc": ((500, 375), ["configs/voc_centered.py", "configs/toy_centered.py"]),
          "coco": ((640, 480), ["configs/coco_centered.py"])}
@@ -319,7 +320,8 @@ def bench_config(
                         time_loop(ckpt, images, out, mode, args, 1, threads)  # computes the free model's outputs
                         seconds, cpu = time_loop(ckpt, images, out, mode, args, args.repeats, threads)
                 else:
-                    seconds, cpu = time_model(model, mode, args), float("nan")
+                    with fp32_precision(cfg.infer.fp32_precision):  # as the Segmenter runs the model
+                        seconds, cpu = time_model(model, mode, args), float("nan")
                 rows.append((name, mode, seconds, cpu))
                 rate = f"{args.num / seconds:.3f} images/s ({seconds:.2f} s)"
                 print(f"  {Path(config).name} {mode} {name}: {rate}", flush=True)

@@ -11,8 +11,10 @@ images (``data/toy_voc``). Every number is printed as a markdown row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,15 +24,18 @@ from torch.overrides import TorchFunctionMode
 from wsss.cam import multiscale_cam
 from wsss.config import Config, DataConfig, load_config
 from wsss.data.transforms import TrainAugment, backbone_mean_std, denormalize
-from wsss.data.voc import VOCClsDataset, VOCSegDataset
+from wsss.data.voc import VOCClsDataset, VOCSegDataset, read_split
 from wsss.energy_kernel import round_tf32
 from wsss.engine.schedule import PolyWarmupScheduler
 from wsss.engine.step import TrainingStep
 from wsss.engine.validate import validate
 from wsss.evaluation.cam_eval import evaluate_cams
+from wsss.evaluation.metrics import ConfusionMatrix
+from wsss.inference.predictor import Segmenter
 from wsss.model_file import config_from_checkpoint, load_checkpoint
 from wsss.models import WSSSModel, build_model
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
+from wsss.utils.fileio import read_mask
 
 
 def row(what: str, value: str) -> None:
@@ -185,6 +190,27 @@ def cam_precision_effect(name: str, model: WSSSModel, cfg: Config, batch: dict, 
             f"{100 - changed(a, d):.3f} % ({int((a != d).sum())} of {a.numel()} differ)")  # fmt: skip
 
 
+def infer_precision_effect(checkpoint: str, cfg: Config, count: int) -> None:
+    """Masks of the :class:`~wsss.inference.predictor.Segmenter` (the checkpoint's ``infer.*``: its scales + flip)
+    on the first ``count`` val images with TF32 products (emulated, :class:`TF32Products`) against float32: pixels
+    that differ, and mIoU each way."""
+    segmenter = Segmenter.from_checkpoint(checkpoint, device="cpu")
+    root = Path(cfg.data.root)
+    ids = read_split(root / "ImageSets" / "Segmentation" / f"{cfg.data.val_split}.txt")[:count]
+    masks, scores = {}, {}
+    for name, mode in (("fp32", contextlib.nullcontext()), ("TF32", TF32Products())):
+        cm = ConfusionMatrix(len(segmenter.classes))
+        with mode:
+            masks[name] = [segmenter(root / "JPEGImages" / f"{i}.jpg").mask for i in ids]
+        for i, mask in zip(ids, masks[name], strict=True):
+            cm.update(mask, read_mask(root / cfg.data.mask_dir / f"{i}.png"))
+        scores[name] = cm.compute()["mIoU"]
+    differ = sum(int((a != b).sum()) for a, b in zip(masks["fp32"], masks["TF32"], strict=True))
+    total = sum(m.size for m in masks["fp32"])
+    row(f"toy (trained), {count} val images, masks at infer.scales + flip: pixels that differ, TF32 products vs fp32",
+        f"{differ} of {total}; mIoU {scores['TF32']:.2f} against {scores['fp32']:.2f}")  # fmt: skip
+
+
 def cam_alignment_effect(model: WSSSModel, cfg: Config, dataset: VOCClsDataset, mean, std, crop: int) -> None:
     """The earlier training CAM stretched the token grid of a padded input over the crop; now it is aligned."""
     data = dataclasses.replace(cfg.data, crop_size=crop)
@@ -304,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-images", type=int, default=100)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--pos-embed-only", action="store_true", help="only the position-embedding resampling rows")
-    parser.add_argument("--cam-precision-only", action="store_true", help="only the CAM pass's precision rows")
+    parser.add_argument("--precision-only", action="store_true",
+                        help="only the rows of the CAM pass in bf16 and with TF32 products, and of inference with TF32")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -327,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     paper_model = build_model(paper.model, len(ckpt["classes"]))
 
     print("| measurement | value |\n|---|---|")
-    if args.cam_precision_only:
+    if args.precision_only:
         cam_precision_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
         cam_precision_effect("toy (trained)", toy_model, toy_cfg, toy_batch, mean, std)
+        infer_precision_effect(args.checkpoint, toy_cfg, args.val_images)
         return 0
     pos_embed_effect("DeiT-S 448 (random init)", paper_model.state_dict(), paper, paper_batch, pmean, pstd)
     pos_embed_effect("toy (trained)", ckpt["model"], toy_cfg, toy_batch, mean, std, args.val_images)
@@ -347,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     weight_decay_effect(paper)
     cam_precision_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
     cam_precision_effect("toy (trained)", toy_model, toy_cfg, toy_batch, mean, std)
+    infer_precision_effect(args.checkpoint, toy_cfg, args.val_images)
     cam_alignment_effect(toy_model, toy_cfg, toy_data, mean, std, crop=toy_cfg.data.crop_size + toy_model.stride // 2)
     validation_effect(toy_model, toy_cfg, mean, std, args.val_images)
     pseudo_scoring(toy_model, toy_cfg, mean, std, args.val_images)

@@ -1,4 +1,5 @@
-"""The training step on paper: FLOPs and bytes per stage at the paper setting, and the H100 lower bound of each.
+"""The training step on paper: FLOPs and bytes per stage at the paper setting, and the H100 lower bound of each;
+then the model alone at inference on a VOC-sized image, the most images/s each precision allows.
 
     python bench/step_on_paper.py [--config configs/voc_centered.py]
 
@@ -101,6 +102,25 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
     return rows
 
 
+def inference_rows(cfg, size: tuple[int, int] = (375, 500)) -> list[tuple[str, float, dict[str, float]]]:
+    """``(mode, FLOPs, {precision: seconds})`` of the model alone on one ``size`` image: DeiT-S and the LargeFOV
+    decoder at one scale, and at ``infer.scales`` + flip (each scale's input padded to the patch size)."""
+    p, d, c = VIT["patch"], VIT["dim"], cfg.model.decoder_channels
+    classes = len(cfg.data.classes)
+
+    def forward(scale: float) -> float:
+        gh, gw = (math.ceil(round(n * scale) / p) for n in size)
+        tokens = gh * gw
+        decoder = 2 * tokens * (9 * d * c + 9 * c * c + c * classes)
+        patches = 2 * tokens * 3 * p * p * d
+        return vit_forward_flops(tokens + 1, d, VIT["depth"], VIT["mlp_ratio"]) + patches + decoder
+
+    rates = {"float32 (IEEE)": "fp32 cuda cores", "TF32": "tf32 tensor", "bf16": "bf16 tensor"}
+    modes = [("single scale", forward(1.0)),
+             (f"scales {cfg.infer.scales} + flip", 2 * sum(forward(k) for k in cfg.infer.scales))]  # fmt: skip
+    return [(mode, flops, {k: flops / H100[v] for k, v in rates.items()}) for mode, flops in modes]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/voc_centered.py")
@@ -113,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, flops, nbytes, rate, seconds in stages(cfg):
         traffic = f"{nbytes / 1e9:.2f}" if nbytes else "-"
         print(f"| {name} | {flops / 1e9:,.0f} | {traffic} | {rate} | {seconds * 1e3:.2f} |")
+    rows = inference_rows(cfg)
+    print("\nInference, the model alone on one 500 x 375 image (images/s at most, H100 peak rates):\n")
+    print("| mode | GFLOP | " + " | ".join(rows[0][2]) + " |")
+    print("|---|---:|" + "---:|" * len(rows[0][2]))
+    for mode, flops, seconds in rows:
+        print(f"| {mode} | {flops / 1e9:,.0f} | " + " | ".join(f"{1 / t:,.0f}" for t in seconds.values()) + " |")
     return 0
 
 

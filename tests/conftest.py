@@ -83,6 +83,23 @@ def tool_threads_stay_in_their_module():
     yield from _kept_threads()
 
 
+def tf32_flags() -> tuple[bool, bool]:
+    """What a GPU's cuBLAS and cuDNN read: whether float32 products may run on TF32 tensor cores."""
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+
+def record_tf32_flags(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[tuple[bool, bool]]:
+    """``owner.name`` replaced by itself recording :func:`tf32_flags` at each call; the list it appends to."""
+    seen, real = [], getattr(owner, name)
+
+    def recorded(*args, **kwargs):
+        seen.append(tf32_flags())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recorded)
+    return seen
+
+
 @pytest.fixture
 def tiny_voc(tmp_path: Path) -> Path:
     """Four images of different non-square sizes; masks with a cat square, a dog square and 255 borders."""

@@ -73,6 +73,7 @@ PAPER_CONSTANTS = {
     "train.val_input": "crop",
     "infer.scales": (1.0, 1.25, 1.5),
     "infer.flip": True,
+    "infer.fp32_precision": "tf32",  # as train.fp32_precision
     "infer.crf.gaussian_sxy": 1.0,
     "infer.crf.gaussian_compat": 1.0,
     "infer.crf.bilateral_sxy": 121.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import warnings
@@ -12,8 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import record_tf32_flags, tf32_flags
 from tools import infer as infer_cli
 from wsss.data.transforms import normalize
+from wsss.inference import predictor
 from wsss.inference.crf import crf_labels
 from wsss.inference.predictor import Segmenter
 from wsss.model_file import config_from_checkpoint, load_checkpoint, model_from_checkpoint
@@ -361,3 +364,14 @@ def test_present_names_only_classes_the_mask_shows(segmenter, monkeypatch, crf):
     result = segmenter.predict(gray, crf=crf, cams=True)
     assert result.top1_fallback and 2 in result.mask and set(np.unique(result.mask).tolist()) <= {0, 2}
     assert result.present == [segmenter.classes[2]] and list(result.cams) == result.present
+
+
+@pytest.mark.parametrize("mode", ["tf32", "ieee"])
+def test_the_model_runs_with_the_configured_float32_products(toy_checkpoint, monkeypatch, mode):
+    """``infer.fp32_precision`` holds while the model runs (the flags a GPU's cuBLAS and cuDNN read), not after."""
+    root, ckpt_path = toy_checkpoint
+    infer = dataclasses.replace(config_from_checkpoint(load_checkpoint(ckpt_path)).infer, fp32_precision=mode)
+    segmenter = Segmenter.from_checkpoint(ckpt_path, device="cpu", infer=infer)
+    seen, before = record_tf32_flags(monkeypatch, predictor, "tta_forward"), tf32_flags()
+    segmenter(root / "JPEGImages" / "val_00000.jpg")
+    assert seen == [(mode == "tf32",) * 2] and tf32_flags() == before

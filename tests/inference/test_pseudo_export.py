@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -18,7 +19,7 @@ import torch
 from mmengine.config import Config as MMConfig
 from PIL import Image
 
-from tests.conftest import assert_same_files, resized_copy
+from tests.conftest import assert_same_files, record_tf32_flags, resized_copy, tf32_flags
 from tools import eval as eval_cli
 from tools import make_pseudo_labels as export_cli
 from wsss.data.labels import load_labels
@@ -105,6 +106,22 @@ def test_one_pixel_high_images_get_masks(toy_checkpoint):
         labels = torch.ones(1, len(raw_ckpt["classes"]) - 1)
         certain, dense = pseudo_masks(model.eval(), image, labels, cfg, mean, std, PAR.from_config(cfg.par))
         assert certain.shape == dense.shape == size and dense.max() < len(raw_ckpt["classes"])
+
+
+@pytest.mark.parametrize("mode", ["tf32", "ieee"])
+def test_the_cam_pass_runs_with_the_configured_float32_products(toy_checkpoint, monkeypatch, mode):
+    """``infer.fp32_precision`` holds while the export's CAMs are computed (the flags a GPU's cuBLAS and cuDNN
+    read), not after."""
+    _, ckpt = toy_checkpoint
+    model, raw_ckpt = model_from_checkpoint(ckpt)
+    cfg = config_from_checkpoint(raw_ckpt)
+    cfg = dataclasses.replace(cfg, infer=dataclasses.replace(cfg.infer, fp32_precision=mode))
+    mean, std = tuple(raw_ckpt["mean"]), tuple(raw_ckpt["std"])
+    image = normalize(np.full((24, 32, 3), 90, np.uint8), mean, std)[None]
+    seen, before = record_tf32_flags(monkeypatch, export_module, "multiscale_cam"), tf32_flags()
+    pseudo_masks(model.eval(), image, torch.ones(1, len(raw_ckpt["classes"]) - 1), cfg, mean, std,
+                 PAR.from_config(cfg.par))  # fmt: skip
+    assert seen == [(mode == "tf32",) * 2] and tf32_flags() == before
 
 
 def test_crf_refines_each_stack_before_the_thresholds_combine(toy_checkpoint, tmp_path):

@@ -395,6 +395,12 @@ class InferConfig(Section):
     top-1 rule (the argmax, and the CRF, run over those alone), so the mask, the CAMs shown and the image's
     ``present`` classes agree; ``all``, every class (the reference: ToCo's inference takes the argmax over all).
     Measured in docs/reference.md row 18: restricting raises the toy val mIoU."""
+    fp32_precision: str = choice(*FP32_PRECISIONS)
+    """How a GPU computes the model's float32 matrix products and convolutions at inference (``tools/test.py``,
+    ``tools/infer.py``, the CAM pass of ``tools/make_pseudo_labels.py`` and ``tools/eval_cams.py``): ``tf32`` (the
+    reference's, as ``train.fp32_precision``: DeiT-S at 3 scales + flip on a VOC image, 557 GFLOP, takes at least
+    8.3 ms on an H100's CUDA cores, 1.1 ms on its TF32 tensor cores) or ``ieee`` (float32 throughout). The CRF's
+    sums are float32 either way. Nothing changes on a CPU."""
     logits_stride: int = bounded(4, Range(0, 64, low_open=True))
     """Saved logits (``--logits``) are downscaled by this factor (> 0)."""
     max_size: int | None = bounded(1024, NON_NEGATIVE)

@@ -91,7 +91,7 @@ from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, remove_stale_
 from wsss.utils.folder_lock import hold_lock
 from wsss.utils.lifetime import die_with_parent
 from wsss.utils.startup import threads_beside
-from wsss.utils.tensors import to_device
+from wsss.utils.tensors import fp32_precision, to_device
 
 __all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "PendingMasks", "export_pseudo_labels",
            "pseudo_masks", "submit_pseudo_masks"]
@@ -279,7 +279,8 @@ def submit_pseudo_masks(
     whole batch come to the host in one copy; with ``crf`` each image's three stacks are queued as one job (with CRF
     workers the call returns before they finish, so the next batch's CAMs run beside them). ``counts``: the number of
     classes in each row of ``labels``, counted on the host (None: read from the device, a sync)."""
-    cams = multiscale_cam(model.cam, images, labels, cfg.cam.scales, one_image_at_a_time=True)
+    with fp32_precision(cfg.infer.fp32_precision):
+        cams = multiscale_cam(model.cam, images, labels, cfg.cam.scales, one_image_at_a_time=True)
     rgb = denormalize(images.float(), mean, std)
     planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
     max_present = None if counts is None else max(counts)
