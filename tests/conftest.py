@@ -154,8 +154,10 @@ def tiny_config(root: Path, **train_kw) -> Config:
             "par": {"num_iter": 2, "dilations": [1, 2], "kernel": "torch"},
             "loss": {"seg_start_iter": 2},
             "optim": {"lr": 1e-3, "warmup_iters": 2},
+            # IEEE products: on a real GPU the tests compare CUDA's results with the CPU's (tests/fake_cuda.py)
             "train": {"max_iters": 6, "batch_size": 2, "ckpt_interval": 3, "val_interval": 100, "log_interval": 1,
-                      **train_kw},
+                      "fp32_precision": "ieee", **train_kw},
+            "infer": {"fp32_precision": "ieee"},
         },
     )  # fmt: skip
 

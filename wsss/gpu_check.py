@@ -5,7 +5,8 @@
    kernel = the blocked version = brute force; PAR's Triton kernels = its PyTorch path on CUDA; the evaluator's
    counts on CUDA = on the CPU, exactly; the ``Segmenter``'s masks on CUDA = on the CPU; the torch dense CRF's
    marginals on CUDA, with PyTorch's sparse products and with its Triton kernels, = on the CPU; the energy loss by
-   the permutohedral lattice (``loss.reg_kernel="lattice"``) on CUDA = on the CPU.
+   the permutohedral lattice (``loss.reg_kernel="lattice"``) on CUDA = on the CPU; TF32 engaged where
+   ``train.fp32_precision`` / ``infer.fp32_precision`` say ``tf32``.
 2. ``bench/bench_train.py --device cuda`` at the paper setting, with the CAM pass in bfloat16 and in float32;
    ``bench/bench_crf.py --cuda-only``: the dense CRF's ms per image at batch 1 and 16.
 3. DDP: a 1-process ``torchrun`` run with NCCL on a generated toy set; its checkpoint at ``resume_from`` resumed to
@@ -13,7 +14,8 @@
 4. ``gpu_check.md`` and ``gpu_check.json``: device, driver, torch, triton, every figure.
 
 Random initialisation at the configured backbone's shape; no pretrained weights, no network. TF32 is off during the
-device checks, so that CUDA and the CPU compute the same float32 products.
+device checks (the Segmenter's included) but the one that engages it, so that CUDA and the CPU compute the same
+float32 products.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import numpy as np
 import torch
 
 from wsss import energy_kernel
-from wsss.config import Config, GpuCheckConfig
+from wsss.config import FP32_PRECISIONS, Config, GpuCheckConfig
 from wsss.data.transforms import backbone_mean_std
 from wsss.engine.step import TrainingStep
 from wsss.evaluation.metrics import ConfusionMatrix
@@ -241,12 +243,23 @@ def device_checks(cfg: Config, gc: GpuCheckConfig) -> list[Check]:
     images = [np.asarray(torch.randint(0, 256, (gc.image_size[0], gc.image_size[1], 3), generator=g,
                                        dtype=torch.uint8)) for _ in range(2)]  # fmt: skip
     masks = {}
+    ieee = dataclasses.replace(cfg.infer, fp32_precision="ieee")  # the CPU's products, as every check here
     for device in (cpu, cuda):
-        segmenter = Segmenter(deepcopy(model).to(device), classes, mean, std, cfg.infer)
+        segmenter = Segmenter(deepcopy(model).to(device), classes, mean, std, ieee)
         masks[device.type] = [segmenter(image).mask for image in images]
     fractions = [equal_fraction(a, b) for a, b in zip(masks["cuda"], masks["cpu"], strict=True)]
     checks.append(Check("Segmenter masks: pixels equal on CUDA and CPU", min(fractions), gc.min_mask_agreement,
                         at_least=True, detail=f"{len(cfg.infer.scales)} scales + flip"))  # fmt: skip
+
+    a, b = (torch.randn(gc.tf32_side, gc.tf32_side, generator=g, dtype=torch.float64) for _ in range(2))
+    exact, errors = a @ b, {}
+    for mode in FP32_PRECISIONS:
+        with fp32_precision(mode):
+            product = a.float().to(cuda) @ b.float().to(cuda)
+        errors[mode] = relative_difference(product, exact)
+    checks.append(Check("train/infer.fp32_precision: a tf32 product's error over an ieee one's", errors["tf32"]
+                        / max(errors["ieee"], 1e-30), gc.min_tf32_error_ratio, at_least=True,
+                        detail=f"{gc.tf32_side}^2 float32 products against float64"))  # fmt: skip
     return checks
 
 

@@ -479,6 +479,11 @@ class GpuCheckConfig(Section):
     """(H, W) of the images the Segmenter and the evaluator compare on (a typical VOC photo)."""
     min_mask_agreement: float = bounded(0.999, UNIT)
     """Smallest fraction of mask pixels equal on CUDA and the CPU."""
+    tf32_side: int = bounded(512, SIDE)
+    min_tf32_error_ratio: float = bounded(16.0, Range(1, 1e6))
+    """A ``tf32_side`` squared float32 product with ``fp32_precision("tf32")`` errs (from float64) at least this many
+    times more than with ``"ieee"``: TF32 engaged (its operands keep 10 mantissa bits of float32's 23: about 2^13
+    times the error)."""
     crf_tolerance: float = bounded(1e-4, FRACTION)
     """Largest gap of the torch CRF's marginals on CUDA from the CPU's (the bound on its gap to pydensecrf)."""
     part_timeout: float = bounded(300.0, Range(0, 86400, low_open=True, why="ceiling one day"))
