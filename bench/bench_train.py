@@ -90,7 +90,7 @@ def timed_stage(fn, repeats: int, device: torch.device) -> tuple[float, float | 
     return eager, replayed, out
 
 
-def stage_bounds(cfg, cam_bf16: bool) -> dict[str, float]:
+def stage_bounds(cfg, amp: bool, cam_bf16: bool) -> dict[str, float]:
     """The H100 lower bound (seconds) of each stage of :func:`main`'s table that bench/step_on_paper.py counts; none
     for another backbone than the paper's DeiT-S, whose shapes step_on_paper.py counts whatever the config."""
     if cfg.model.backbone != "deit_small_patch16_224" or cfg.model.backbone_kwargs:
@@ -101,7 +101,8 @@ def stage_bounds(cfg, cam_bf16: bool) -> dict[str, float]:
         return next(v for k, v in rows.items() if k.startswith(prefix))
 
     return {
-        "forward + backward": row("forward + backward"),
+        "forward + backward": row("forward + backward, train.amp" if amp else "forward + backward, float32, TF32"
+                                  if cfg.train.fp32_precision == "tf32" else "forward + backward, float32, train."),
         "optimiser": row("fused AdamW"),
         "CAM pass": row("CAM pass, train.cam_dtype=bfloat16" if cam_bf16 else
                         "CAM pass, float32, TF32" if cfg.train.fp32_precision == "tf32" else
@@ -161,7 +162,7 @@ def measure(args: argparse.Namespace, cfg) -> int:
     print(
         f"{cfg.model.backbone} / {cfg.model.attention.name}, batch {b}, {s}x{s}, CAM scales {cfg.cam.scales} + flip, "
         f"PAR {cfg.par.num_iter} it, energy kernel {cfg.loss.reg_kernel!r}, bf16 autocast {step.amp}, CAM pass "
-        f"{cfg.train.cam_dtype if step.amp else 'float32'}, float32 products {cfg.train.fp32_precision}, CUDA graphs "
+        f"{'bfloat16' if step.cam_autocast else 'float32'}, float32 products {cfg.train.fp32_precision}, CUDA graphs "
         f"{graphs}; {name}"
     )
 
@@ -274,7 +275,7 @@ def measure(args: argparse.Namespace, cfg) -> int:
 
     eval_s, cm = timed(evaluate, args.repeats, device)
 
-    bounds = stage_bounds(cfg, step.cam_autocast)
+    bounds = stage_bounds(cfg, step.amp, step.cam_autocast)
     print("\n| stage | ms | share of one iteration | as a CUDA graph, ms | H100 bound, ms | graph / bound |")
     print("|---|---:|---:|---:|---:|---:|")
     loop_name = "CUDA graphs" if graphs else "eager"

@@ -4,13 +4,13 @@
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
 # all but train_fp32, export and suite) choose among:
-#   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the CAM
-#                          pass in bf16, each stage eager and as a CUDA graph against its bound (the energy kernel's
-#                          autotuner picks its blocks here);
-#   train_lattice          the paper setting, CAM pass in bf16, the energy by the reference's lattice
-#                          (loss.reg_kernel=lattice): the whole step as CUDA graphs with it;
-#   train_fp32             the paper setting as configured: the reference's float32 CAM pass, its products in TF32
-#                          (train.fp32_precision, the reference's), each stage against its bound;
+#   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the
+#                          forward pass and the CAM pass in bf16 (train.amp, train.cam_dtype), each stage eager and as
+#                          a CUDA graph against its bound (the energy kernel's autotuner picks its blocks here);
+#   train_lattice          the same bf16 step with the energy by the reference's lattice (loss.reg_kernel=lattice):
+#                          the whole step as CUDA graphs with it;
+#   train_fp32             the paper setting as configured: the reference's float32 step and CAM pass, their
+#                          products in TF32 (train.fp32_precision, the reference's), each stage against its bound;
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
 #                          loop and the model alone, single scale, ms + flip, + CRF; at COCO size (81 classes, every
 #                          class: the reference) with the peak GPU memory of each mode;
@@ -48,9 +48,9 @@ for name in "${steps[@]}"; do
     train_toy) step "$name" 60 bench/bench_train.py --device cuda --config configs/toy_centered.py --steps 100 \
       --repeats 3 ;;
     train_bf16) step "$name" 90 bench/bench_train.py --device cuda --steps 30 --repeats 3 \
-      --cfg-options train.cam_dtype=bfloat16 ;;
+      --cfg-options train.amp=true train.cam_dtype=bfloat16 ;;
     train_lattice) step "$name" 75 bench/bench_train.py --device cuda --steps 30 --repeats 2 \
-      --cfg-options train.cam_dtype=bfloat16 loss.reg_kernel=lattice ;;
+      --cfg-options train.amp=true train.cam_dtype=bfloat16 loss.reg_kernel=lattice ;;
     train_fp32) step "$name" 75 bench/bench_train.py --device cuda --steps 20 --repeats 2 ;;
     infer_voc) step "$name" 75 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 ;;

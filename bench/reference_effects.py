@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import statistics
 from pathlib import Path
@@ -190,6 +191,26 @@ def cam_precision_effect(name: str, model: WSSSModel, cfg: Config, batch: dict, 
             f"{100 - changed(a, d):.3f} % ({int((a != d).sum())} of {a.numel()} differ)")  # fmt: skip
 
 
+def amp_effect(name: str, model: WSSSModel, cfg: Config, batch: dict, mean, std) -> None:
+    """One training step with every term on, its forward pass under bf16 autocast (``train.amp``, on the CPU as a GPU
+    would run it) against float32 (the reference): the loss terms and the gradient, the CAM pass float32 in both."""
+    grads, terms = {}, {}
+    for amp in (False, True):
+        trained = copy.deepcopy(model).train()
+        step = TrainingStep(cfg, mean, std, torch.device("cpu"))
+        step.amp = amp
+        torch.manual_seed(0)
+        loss, found = step(trained, trained, batch, cfg.loss.seg_start_iter)
+        loss.backward()
+        terms[amp] = {k: v.detach() for k, v in found.items()}
+        grads[amp] = torch.cat([p.grad.flatten() for p in trained.parameters() if p.grad is not None]).double()
+    a, b = grads[False], grads[True]
+    gap = ", ".join(f"{k} {float((terms[True][k] - v).abs() / v.abs()):.1e}" for k, v in terms[False].items())
+    row(f"{name}: one step, bf16 autocast (train.amp) vs float32: loss terms (relative)", gap)
+    row(f"{name}: one step, bf16 autocast (train.amp) vs float32: gradient",
+        f"relative {float((b - a).norm() / a.norm()):.1e}, cosine {float(a @ b / (a.norm() * b.norm())):.5f}")
+
+
 def infer_precision_effect(checkpoint: str, cfg: Config, count: int) -> None:
     """Masks of the :class:`~wsss.inference.predictor.Segmenter` (the checkpoint's ``infer.*``: its scales + flip)
     on the first ``count`` val images with TF32 products (emulated, :class:`TF32Products`) against float32: pixels
@@ -331,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--pos-embed-only", action="store_true", help="only the position-embedding resampling rows")
     parser.add_argument("--precision-only", action="store_true",
-                        help="only the rows of the CAM pass in bf16 and with TF32 products, and of inference with TF32")
+                        help="only the precision rows: the CAM pass, inference and the step's bf16 autocast")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -358,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         cam_precision_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
         cam_precision_effect("toy (trained)", toy_model, toy_cfg, toy_batch, mean, std)
         infer_precision_effect(args.checkpoint, toy_cfg, args.val_images)
+        amp_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
+        amp_effect("toy (trained)", toy_model, toy_cfg, toy_batch, mean, std)
         return 0
     pos_embed_effect("DeiT-S 448 (random init)", paper_model.state_dict(), paper, paper_batch, pmean, pstd)
     pos_embed_effect("toy (trained)", ckpt["model"], toy_cfg, toy_batch, mean, std, args.val_images)
@@ -376,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     cam_precision_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
     cam_precision_effect("toy (trained)", toy_model, toy_cfg, toy_batch, mean, std)
     infer_precision_effect(args.checkpoint, toy_cfg, args.val_images)
+    amp_effect("DeiT-S 448 (random init)", paper_model, paper, paper_batch, pmean, pstd)
+    amp_effect("toy (trained)", toy_model, toy_cfg, toy_batch, mean, std)
     cam_alignment_effect(toy_model, toy_cfg, toy_data, mean, std, crop=toy_cfg.data.crop_size + toy_model.stride // 2)
     validation_effect(toy_model, toy_cfg, mean, std, args.val_images)
     pseudo_scoring(toy_model, toy_cfg, mean, std, args.val_images)

@@ -69,7 +69,12 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
     seg_bytes = 4 * logits_bytes  # each way written once (resize, CE gradient) and read once (CE, resize gradient)
     seg_flops = 3 * 2 * b * classes * grid * s * (grid + s)  # loss.seg_resize=matmul: its products, forward + backward
     rows = [
-        ("forward + backward, bf16 autocast", train_flops, 0.0, "bf16 tensor", train_flops / H100["bf16 tensor"]),
+        ("forward + backward, float32, TF32 (reference)", train_flops, 0.0, "tf32 tensor",
+         train_flops / H100["tf32 tensor"]),  # fmt: skip
+        ("forward + backward, float32, train.fp32_precision=ieee", train_flops, 0.0, "fp32 cuda cores",
+         train_flops / H100["fp32 cuda cores"]),  # fmt: skip
+        ("forward + backward, train.amp (bf16 autocast)", train_flops, 0.0, "bf16 tensor",
+         train_flops / H100["bf16 tensor"]),  # fmt: skip
         ("CAM pass, float32, TF32 (reference)", cam_flops, 0.0, "tf32 tensor", cam_flops / H100["tf32 tensor"]),
         ("CAM pass, float32, train.fp32_precision=ieee", cam_flops, 0.0, "fp32 cuda cores",
          cam_flops / H100["fp32 cuda cores"]),  # fmt: skip

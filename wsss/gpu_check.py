@@ -7,7 +7,8 @@
    marginals on CUDA, with PyTorch's sparse products and with its Triton kernels, = on the CPU; the energy loss by
    the permutohedral lattice (``loss.reg_kernel="lattice"``) on CUDA = on the CPU; TF32 engaged where
    ``train.fp32_precision`` / ``infer.fp32_precision`` say ``tf32``.
-2. ``bench/bench_train.py --device cuda`` at the paper setting, with the CAM pass in bfloat16 and in float32;
+2. ``bench/bench_train.py --device cuda`` at the paper setting, with the forward and CAM passes in bfloat16
+   (``train.amp``, ``train.cam_dtype``) and in the reference's float32;
    ``bench/bench_crf.py --cuda-only``: the dense CRF's ms per image at batch 1 and 16.
 3. DDP: a 1-process ``torchrun`` run with NCCL on a generated toy set; its checkpoint at ``resume_from`` resumed to
    ``iters`` equals the uninterrupted run's, bit for bit.
@@ -308,12 +309,12 @@ def run_command(args: list[str], timeout: float, cwd: Path = REPO) -> str:
 
 
 def bench_sections(config: str, gc: GpuCheckConfig) -> dict[str, str]:
-    """Part 2: bench/bench_train.py on CUDA, CAM pass in bfloat16 then float32."""
+    """Part 2: bench/bench_train.py on CUDA, the forward and CAM passes in bfloat16, then the reference's float32."""
     out = {}
     for dtype in ("bfloat16", "float32"):
         args = [sys.executable, "bench/bench_train.py", "--device", "cuda", "--config", config,
-                "--cfg-options", f"train.cam_dtype={dtype}"]  # fmt: skip
-        out[f"bench/bench_train.py --device cuda, CAM pass {dtype}"] = run_command(args, gc.part_timeout)
+                "--cfg-options", f"train.cam_dtype={dtype}", f"train.amp={dtype == 'bfloat16'}"]  # fmt: skip
+        out[f"bench/bench_train.py --device cuda, forward and CAM pass {dtype}"] = run_command(args, gc.part_timeout)
     args = [sys.executable, "bench/bench_crf.py", "--cuda-only", "--cuda-batches", "1", "16"]
     out["bench/bench_crf.py --cuda-only (dense CRF, ms/image at batch 1 and 16)"] = run_command(args, gc.part_timeout)
     return out

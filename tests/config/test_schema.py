@@ -68,6 +68,7 @@ PAPER_CONSTANTS = {
     "optim.power": 0.9,
     "train.max_iters": 80000,
     "train.batch_size": 4,
+    "train.amp": False,  # the reference autocasts nothing
     "train.cam_dtype": "float32",
     "train.fp32_precision": "tf32",  # torch 1.10 on A100 (the reference's log): TF32 products by default
     "train.val_input": "crop",

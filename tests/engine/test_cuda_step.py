@@ -87,6 +87,22 @@ def train_iterations(
     return Trained(raw, optimizer, scheduler, step, history)
 
 
+@pytest.mark.parametrize("amp", [False, True])
+@pytest.mark.parametrize("cam_dtype", ["float32", "bfloat16"])
+def test_the_forward_and_the_cam_pass_take_their_precisions_apart(tmp_path, amp, cam_dtype):
+    """``train.amp`` autocasts the forward pass, ``train.cam_dtype`` the CAM pass, each whatever the other says, on
+    CUDA only; the defaults are the reference's float32."""
+    mean, std = backbone_mean_std("vit_tiny_patch16_224")
+    cfg = tiny_config(tmp_path, amp=amp, cam_dtype=cam_dtype)
+    with fake_cuda():
+        step = TrainingStep(cfg, mean, std, CUDA)
+    assert (step.amp, step.cam_autocast) == (amp, cam_dtype == "bfloat16")
+    on_cpu = TrainingStep(cfg, mean, std, CPU)
+    assert not on_cpu.amp and not on_cpu.cam_autocast
+    default = tiny_config(tmp_path).train
+    assert (default.amp, default.cam_dtype) == (False, "float32")
+
+
 @pytest.mark.parametrize("cam_dtype", ["float32", "bfloat16"])
 def test_training_iterations_run_on_cuda_without_a_host_sync(tmp_path, cam_dtype):
     cfg = amp_config(tmp_path, cam_dtype)

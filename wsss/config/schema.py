@@ -303,11 +303,13 @@ class TrainConfig(Section):
     The paper's batch 4 is 4 on one GPU, 2 on two (ToCo's run: 2 GPUs x 2 images), 1 on four; the splits differ
     only in how the balanced CE pools pixels (docs/reference.md row 13)."""
     seed: int = bounded(0, Range(0, 2**31 - 1, why="numpy takes seed + rank + iteration, below 2**32"))
-    amp: bool = True
-    """bf16 autocast on GPU (ignored on CPU)."""
+    amp: bool = False
+    """bf16 autocast of the training forward pass (and so of its backward) on a GPU; ignored on a CPU. Off: the
+    reference's float32 (its products as ``fp32_precision`` says); on: bf16 products, the forward + backward's H100
+    bound halved (docs/reference.md row 22; ``tools/train.py --amp``, as mmseg's)."""
     cam_dtype: str = choice("float32", "bfloat16")
     """Precision of the no-grad CAM pass that feeds the pseudo labels: ``float32`` (the reference) or
-    ``bfloat16`` (autocast, with ``amp`` on a GPU)."""
+    ``bfloat16`` (autocast on a GPU, whatever ``amp``; ignored on a CPU)."""
     fp32_precision: str = choice(*FP32_PRECISIONS)
     """How a GPU computes the float32 matrix products and convolutions of a training run (the CAM pass with
     ``cam_dtype="float32"``, whatever ``amp`` leaves in float32, validation): ``tf32`` (the reference: its released

@@ -86,7 +86,7 @@ def pseudo_label_targets(
         mean: Normalisation mean of ``images`` (values, or :func:`wsss.data.transforms.channel_constants` on their
             device, which spares the upload).
         std: Normalisation std, likewise.
-        cam_autocast: Run the CAM pass under bf16 autocast (``train.cam_dtype == "bfloat16"`` with amp).
+        cam_autocast: Run the CAM pass under bf16 autocast (``train.cam_dtype == "bfloat16"`` on a GPU).
         max_present: The largest number of classes in one image of the batch, counted on the host (None: counted
             on the device, which waits for it).
         autocast_cache: Autocast's cache of cast weights (off inside a captured graph).
@@ -153,7 +153,8 @@ class TrainingStep:
         cfg: The resolved config.
         mean: Normalisation mean of the crops.
         std: Normalisation std.
-        device: Where the step runs (bf16 autocast only on CUDA with ``train.amp``).
+        device: Where the step runs (bf16 autocast only on CUDA: the forward pass with ``train.amp``, the CAM pass
+            with ``train.cam_dtype="bfloat16"``).
     """
 
     def __init__(self, cfg: Config, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device):
@@ -163,7 +164,7 @@ class TrainingStep:
         self.energy = DenseEnergyLoss.from_config(cfg.loss, cfg.data.ignore_index)
         self.to_pixels = PixelResize() if cfg.loss.seg_resize == "matmul" else maps_to_pixels
         self.amp = cfg.train.amp and device.type == "cuda"
-        self.cam_autocast = self.amp and cfg.train.cam_dtype == "bfloat16"
+        self.cam_autocast = cfg.train.cam_dtype == "bfloat16" and device.type == "cuda"
         self.autocast_cache = True
         """Autocast's cache of cast weights; :class:`wsss.engine.graphs.GraphedIteration` turns it off."""
 
