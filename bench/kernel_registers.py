@@ -49,13 +49,17 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
                  "height": "i32", "width": "i32", "channels": "i32", "K": "constexpr", "BLOCK": "constexpr",
                  "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
     product = {"crow_ptr": "*i32", "col_ptr": "*i32", "val_ptr": "*fp32", "x_ptr": "*fp32", "base_ptr": "*fp32",
-               "out_ptr": "*fp32", "rows": "i32", "channels": "i32", "HAS_BASE": "constexpr", "SOFTMAX": "constexpr",
-               "GROUPS": "constexpr", "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
+               "out_ptr": "*fp32", "live_ptr": "*i64", "rows": "i32", "channels": "i32", "HAS_BASE": "constexpr",
+               "HAS_LIVE": "constexpr", "SOFTMAX": "constexpr", "GROUPS": "constexpr", "BLOCK_ROWS": "constexpr",
+               "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
+    # the CRF's slices (a base, a softmax of 81 classes or of stacks), and the energy lattice's splat (its live rows)
     crf = [dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(channels, softmax), strict=True))
-           | {"SOFTMAX": softmax, "GROUPS": groups}
-           for channels, softmax, groups in ((21, False, 1), (81, True, 1), (12, True, 3), (63, True, 3))]  # fmt: skip
-    blur = {"neighbour_ptr": "*i32", "second": "i32", "x_ptr": "*fp32", "out_ptr": "*fp32", "rows": "i32",
-            "channels": "i32", "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
+           | {"SOFTMAX": softmax, "GROUPS": groups, "HAS_BASE": not live, "HAS_LIVE": live}
+           for channels, softmax, groups, live in ((21, False, 1, False), (81, True, 1, False), (12, True, 3, False),
+                                                   (63, True, 3, False), (21, False, 1, True))]  # fmt: skip
+    blur = {"neighbour_ptr": "*i32", "second": "i32", "x_ptr": "*fp32", "out_ptr": "*fp32", "live_ptr": "*i64",
+            "rows": "i32", "channels": "i32", "HAS_LIVE": "constexpr", "BLOCK_ROWS": "constexpr",
+            "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
     simplex = {"features_ptr": "*fp32", "scale_ptr": "*fp32", "rem0_ptr": "*i64", "rank_ptr": "*i64",
                "weight_ptr": "*fp32", "n": "i32", "down": "fp32", "D": "constexpr", "DP": "constexpr",
                "BLOCK": "constexpr"}  # fmt: skip
@@ -74,10 +78,11 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
          {"K": 48, "KP": 64, "BLOCK": p.AFFINITY_BLOCK}, {"num_warps": p.AFFINITY_WARPS}),
         ("PAR propagation step (wsss.par_kernel)", p._propagate_kernel, propagate,
          {"K": 48, "BLOCK": p.BLOCK, "BLOCK_CHANNELS": p.BLOCK_CHANNELS}, {"num_warps": p.NUM_WARPS}),
-        *[("CRF product (wsss.inference.crf.kernels)", c._product_kernel, product, {"HAS_BASE": True, **blocks},
-           crf_warps) for blocks in crf],
-        ("CRF blur (wsss.inference.crf.kernels)", c._blur_kernel, blur,
-         dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(21, False), strict=True)), crf_warps),
+        *[("CRF product (wsss.inference.crf.kernels)", c._product_kernel, product, blocks, crf_warps)
+          for blocks in crf],
+        *[("CRF blur (wsss.inference.crf.kernels)", c._blur_kernel, blur,
+           dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(21, False), strict=True)) | {"HAS_LIVE": live},
+           crf_warps) for live in (False, True)],
         *[("CRF simplices (wsss.inference.crf.kernels)", c._simplex_kernel, simplex, constants, crf_warps)
           for constants in dims],
     ]  # fmt: skip

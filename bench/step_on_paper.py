@@ -28,6 +28,12 @@ H100 = {
 }
 VIT = {"patch": 16, "dim": 384, "depth": 12, "mlp_ratio": 4}  # DeiT-S/16
 PAR_NEIGHBOURS_PER_DILATION = 8
+LATTICE_REAL_SHARE = 14965 / 1204224
+"""Real points of the energy's fixed-box lattice among its N (d+1): four 224 x 224 photograph crops at the paper's
+sigmas (docs/benchmarks.md, "The energy by the reference's lattice")."""
+LATTICE_BUILD_BYTES = 80
+"""Traffic of the build per fixed point: its code sorted (int32 keys and values, about four passes: 32 bytes) and
+its d + 1 = 6 neighbours searched and stored (int32: 48 bytes)."""
 
 
 def vit_forward_flops(tokens: int, dim: int, depth: int, mlp_ratio: int) -> float:
@@ -58,7 +64,9 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
     energy_fp32 = pairs * 16  # 5 differences, 5 FMAs, the TF32 split of W (~6 instructions)
     blocked_bytes = b * (n * n / 2) * 20  # one 8192^2 tile entry: exponent write, exp read+write, 2 matmul reads
     lattice_points = b * n * 6  # loss.reg_kernel=lattice on a GPU: N (d+1) points, d = 5 (codes fixed in advance)
-    lattice_bytes = 6 * lattice_points * classes * 4 * 2  # its blur alone: 6 directions, each point read and written
+    real_points = lattice_points * LATTICE_REAL_SHARE  # the splat and blur stop at them (Lattice.live)
+    # the blur over the real points (6 directions, each read and written), and the build over every fixed point
+    lattice_bytes = 6 * real_points * classes * 4 * 2 + lattice_points * LATTICE_BUILD_BYTES
     par_pixels = int(s * cfg.par.scale) ** 2
     par_channels = 2 * 3  # two threshold stacks of background + ~2 classes
     neighbours = PAR_NEIGHBOURS_PER_DILATION * len(cfg.par.dilations)
@@ -96,8 +104,8 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
         ),
         ("energy, blocked (8192^2 tiles)", energy_tensor / 2, blocked_bytes, "hbm", blocked_bytes / H100["hbm"]),
         (
-            f"energy, lattice ({lattice_points:.2e} points, the blur's traffic)",
-            6 * lattice_points * classes * 2,
+            f"energy, lattice ({real_points:.1e} real of {lattice_points:.1e} points; blur and build traffic)",
+            6 * real_points * classes * 2,
             lattice_bytes,
             "hbm",
             lattice_bytes / H100["hbm"],

@@ -112,9 +112,10 @@ def test_the_gpu_s_path_of_the_lattice_loss_equals_the_cpu_s():
     assert len(loss._boxes) == 2 and {key[1] for key in loss._boxes} == {(23, 21), (16, 20)}
 
 
-LOSS_OPERATIONS = (116, 6)
-"""Operations the lattice loss dispatches on a GPU's path (each Triton launch one), forward and backward; the
-training step's energy stage (``bench/op_counts.py --cfg-options loss.reg_kernel=lattice``) adds the logits' resize."""
+LOSS_OPERATIONS = (117, 6)
+"""Operations the lattice loss dispatches on a GPU's path (each Triton launch one), forward and backward (the
+forward 116 before the real points were counted); the training step's energy stage (``bench/op_counts.py
+--cfg-options loss.reg_kernel=lattice``) adds the logits' resize."""
 
 
 def test_the_gpu_s_lattice_loss_dispatches_no_more_operations_than_counted(monkeypatch):
@@ -163,6 +164,25 @@ def test_codes_fixed_in_advance_filter_as_the_codes_read_back(size, fused):
     flat = features.reshape(-1, 5).contiguous()
     lattice = build_lattice(flat, [size[0] * size[1]] * 2, reference_padding=True, fused=fused, box=box)
     assert lattice.points == features.shape[0] * features.shape[1] * 6 + (12 if size[0] * size[1] % 4 else 0)
+
+
+@pytest.mark.parametrize("size", [(24, 20), (23, 21)])
+def test_the_kernels_stop_at_a_fixed_box_s_real_points(size):
+    """A fixed box's lattice counts its real points on the device (as many as the codes read back find), and its
+    splat and blur kernels stop there: the rows of the empty points after them (7 and 9 in the two buffers here)
+    are neither read nor written, and the filter is the read-back lattice's to the bit."""
+    flat = bilateral_features(photo_crops(size), SIGMA_RGB, SIGMA_XY).flatten(2).transpose(1, 2).reshape(-1, 5)
+    values = softmax_maps(size).flatten(2).transpose(1, 2).reshape(-1, 4).contiguous().to(DEVICE)
+    flat, sizes = flat.contiguous().to(DEVICE), [size[0] * size[1]] * 2
+    read_back = build_lattice(flat, sizes, reference_padding=True, fused=True)
+    fixed = build_lattice(flat, sizes, reference_padding=True, fused=True, box=box_for(size, DEVICE))
+    assert read_back.live is None and fixed.live.tolist() == [read_back.points] and fixed.points > 5 * read_back.points
+    workspace = torch.tensor([7.0, 9.0], device=DEVICE)[:, None, None].repeat(1, fixed.points + 1, 4)
+    got = fixed.filter_fused(values, torch.empty_like(values), workspace)
+    want = read_back.filter_fused(values, torch.empty_like(values), torch.zeros_like(workspace))
+    assert torch.equal(got, want)
+    empty = workspace[:, read_back.points + 1 :]
+    assert (empty[0] == 7.0).all() and (empty[1] == 9.0).all()
 
 
 def test_a_fixed_box_holds_features_anywhere_within_its_bounds():

@@ -46,7 +46,7 @@ def numbered(monkeypatch, path: str, feats: torch.Tensor, segments: torch.Tensor
     monkeypatch.setattr(permutohedral, "_CODE_BITS", bits)
     rem0, rank = permutohedral._enclosing_simplex(permutohedral._elevate(feats))
     images = 1 if segments is None else int(segments.max()) + 1
-    vertex, neighbours, m, order = permutohedral._index_vertices(rem0, rank, segments, images)
+    vertex, neighbours, m, order, _ = permutohedral._index_vertices(rem0, rank, segments, images)
     first, second = neighbours.unbind(1)
     return vertex, list(zip(first, second, strict=True)), m, order
 

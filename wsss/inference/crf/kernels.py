@@ -51,18 +51,29 @@ them: 157; 128: spills)."""
 
 
 @triton.jit
+def _live_rows(rows, live_ptr, HAS_LIVE: tl.constexpr):
+    """The rows a program may touch: all ``rows``, or with ``HAS_LIVE`` row 0 and the lattice's real points (the
+    count at ``live_ptr``), which come first."""
+    if HAS_LIVE:
+        rows = tl.minimum(rows, tl.load(live_ptr) + 1)
+    return rows
+
+
+@triton.jit
 def _product_kernel(
-    crow_ptr, col_ptr, val_ptr, x_ptr, base_ptr, out_ptr, rows, channels,
-    HAS_BASE: tl.constexpr, SOFTMAX: tl.constexpr, GROUPS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-    BLOCK_CHANNELS: tl.constexpr,
+    crow_ptr, col_ptr, val_ptr, x_ptr, base_ptr, out_ptr, live_ptr, rows, channels,
+    HAS_BASE: tl.constexpr, HAS_LIVE: tl.constexpr, SOFTMAX: tl.constexpr, GROUPS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
 ):  # fmt: skip
     """``out[r] = softmax?(base[r] + sum_e val[e] x[col[e]])`` over the entries ``e`` of CSR row ``r`` in order; the
     softmax of each of ``GROUPS`` equal groups of a row's channels on its own.
 
     ``crow_ptr``: ``(rows + 1,)`` row offsets; ``col_ptr``, ``val_ptr``: the entries' columns and float32 values;
     ``x_ptr``: ``(*, channels)`` float32; ``base_ptr``, ``out_ptr``: ``(rows, channels)`` float32 (``base_ptr`` may
-    be ``out_ptr``: each value is read before the program writes it). Grid: (row blocks, channel blocks).
+    be ``out_ptr``: each value is read before the program writes it); ``live_ptr``: with ``HAS_LIVE``, the rows
+    past ``1 + *live_ptr`` are left as they are (:func:`_live_rows`). Grid: (row blocks, channel blocks).
     """
+    rows = _live_rows(rows, live_ptr, HAS_LIVE)
     r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     r_ok = r < rows
     c = tl.program_id(1) * BLOCK_CHANNELS + tl.arange(0, BLOCK_CHANNELS)
@@ -106,15 +117,18 @@ def _blur_entry(acc, x_ptr, col, own, ok, c, c_ok, channels):
 
 @triton.jit
 def _blur_kernel(
-    neighbour_ptr, second, x_ptr, out_ptr, rows, channels, BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
+    neighbour_ptr, second, x_ptr, out_ptr, live_ptr, rows, channels, HAS_LIVE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
 ):  # fmt: skip
     """``out[r] = x[r] + (x[n1] + x[n2]) / 2`` for the lattice values' rows ``r >= 1``, ``n1``, ``n2`` the two
     neighbours of point ``r - 1`` along one direction (0: absent, row 0 holds zeros); row 0 stays 0. Summed as the
     CSR blur matrix's product sums (the columns ascending, the own weight 1 and the neighbours' 1/2).
 
     ``neighbour_ptr``: ``(2, rows - 1)`` integers, the second row ``second`` entries after the first;
-    ``x_ptr``, ``out_ptr``: ``(rows, channels)`` float32. Grid: (row blocks, channel blocks).
+    ``x_ptr``, ``out_ptr``: ``(rows, channels)`` float32; ``live_ptr``: as :func:`_product_kernel`'s. Grid: (row
+    blocks, channel blocks).
     """
+    rows = _live_rows(rows, live_ptr, HAS_LIVE)
     r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     r_ok = r < rows
     point_ok = r_ok & (r > 0)
@@ -214,7 +228,7 @@ def blocks(channels: int, softmax: bool) -> tuple[int, int]:
 
 
 def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = None, softmax: bool = False,
-            groups: int = 1) -> Tensor:  # fmt: skip
+            groups: int = 1, live: Tensor | None = None) -> Tensor:  # fmt: skip
     """``out = base + matrix @ values``, and the softmax of each row of it with ``softmax``, in one launch.
 
     Args:
@@ -225,11 +239,14 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
         softmax: Replace each row by its softmax (at most :data:`SOFTMAX_CHANNELS` channels).
         groups: With ``softmax``, the softmax of each of this many equal groups of a row's channels on its own (the
             stacks of :func:`wsss.inference.crf.crf_labels_stacked`).
+        live: A lattice's :attr:`~wsss.inference.crf.permutohedral.Lattice.live` (a (1,) integer tensor): only
+            ``out``'s rows 0 to ``live`` are computed, the others left as they are; None: every row.
 
     Returns:
         ``out``.
     """
-    tensors = [matrix, values, out] + ([] if base is None else [base])
+    dense = [values, out] + ([] if base is None else [base])
+    tensors = [matrix, *dense] + ([] if live is None else [live])
     _check(tensors)
     rows, channels = out.shape
     if values.shape[0] < matrix.shape[1] or values.shape[1] != channels or matrix.shape[0] != rows:
@@ -239,19 +256,20 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
         raise ValueError(f"the CRF kernel takes the softmax of at most {SOFTMAX_CHANNELS} channels, got {channels}")
     if softmax and (groups < 1 or channels % groups):
         raise ValueError(f"the CRF kernel cannot split {channels} channels into {groups} equal groups")
-    if not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors[1:]) or matrix.dtype != torch.float32:
+    if not all(t.dtype == torch.float32 and t.is_contiguous() for t in dense) or matrix.dtype != torch.float32:
         raise ValueError("the CRF kernel needs float32 values and contiguous dense blocks")
     if rows and channels:
         block_rows, block_channels = blocks(channels, softmax)
         grid = (triton.cdiv(rows, block_rows), triton.cdiv(channels, block_channels))
         _product_kernel[grid](matrix.crow_indices(), matrix.col_indices(), matrix.values(), values,
-                              out if base is None else base, out, rows, channels, HAS_BASE=base is not None,
-                              SOFTMAX=softmax, GROUPS=groups if softmax else 1,  # one compiled product otherwise
+                              out if base is None else base, out, out if live is None else live, rows, channels,
+                              HAS_BASE=base is not None, HAS_LIVE=live is not None, SOFTMAX=softmax,
+                              GROUPS=groups if softmax else 1,  # one compiled product otherwise
                               BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels, num_warps=NUM_WARPS)  # fmt: skip
     return out
 
 
-def blur(neighbours: Tensor, values: Tensor, out: Tensor) -> Tensor:
+def blur(neighbours: Tensor, values: Tensor, out: Tensor, live: Tensor | None = None) -> Tensor:
     """``out`` = one direction's blur of the lattice ``values`` (``I + (P_-1 + P_+1) / 2``, as
     :func:`wsss.inference.crf.permutohedral.build_lattice`'s CSR blur matrices) in one launch, read from the
     neighbours themselves.
@@ -261,11 +279,13 @@ def blur(neighbours: Tensor, values: Tensor, out: Tensor) -> Tensor:
             point (0: absent).
         values: ``(M + 1, C)`` float32, contiguous: row 0 zeros, then the points'.
         out: ``(M + 1, C)`` float32, contiguous, not ``values``.
+        live: As :func:`product`'s: only rows 0 to ``live`` are blurred (their neighbours are among them), the others
+            left as they are; None: every row.
 
     Returns:
         ``out``.
     """
-    _check([neighbours, values, out])
+    _check([neighbours, values, out] + ([] if live is None else [live]))
     rows, channels = out.shape
     if neighbours.shape != (2, rows - 1) or values.shape != out.shape or neighbours.stride(1) != 1:
         raise ValueError(f"the CRF blur kernel cannot take {tuple(neighbours.shape)} neighbours of "
@@ -275,8 +295,9 @@ def blur(neighbours: Tensor, values: Tensor, out: Tensor) -> Tensor:
     if rows and channels:
         block_rows, block_channels = blocks(channels, softmax=False)
         grid = (triton.cdiv(rows, block_rows), triton.cdiv(channels, block_channels))
-        _blur_kernel[grid](neighbours, neighbours.stride(0), values, out, rows, channels, BLOCK_ROWS=block_rows,
-                           BLOCK_CHANNELS=block_channels, num_warps=NUM_WARPS)  # fmt: skip
+        _blur_kernel[grid](neighbours, neighbours.stride(0), values, out, out if live is None else live, rows,
+                           channels, HAS_LIVE=live is not None, BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels,
+                           num_warps=NUM_WARPS)  # fmt: skip
     return out
 
 

@@ -70,6 +70,9 @@ class Lattice:
         neighbours: (d+1, 2, M) integers (int32 where M < 2^31; each row contiguous) where built for the kernels
             (``build_lattice(fused=True)``), else None: each direction's first and second neighbour + 1 of every
             lattice point (0: absent), which the blur kernel reads instead of a matrix.
+        live: Where a fixed box made the lattice (``build_lattice(box=...)``): a (1,) integer tensor on the device,
+            the number of real points, which come first; the kernels' splat and blur stop at them (the empty
+            points after them are nobody's neighbour and never sliced). Else None: every point is real.
     """
 
     splat: Tensor
@@ -77,6 +80,7 @@ class Lattice:
     blur: list[Tensor]
     points: int
     neighbours: Tensor | None = None
+    live: Tensor | None = None
 
     def filter(self, values: Tensor, add_to: Tensor | None = None, workspace: Tensor | None = None) -> Tensor:
         """(N, C) values of the lattice's dtype -> (N, C) Gaussian-filtered values (``Permutohedral::compute``),
@@ -108,9 +112,9 @@ class Lattice:
         if self.neighbours is None:
             raise RuntimeError("filter_fused needs a lattice built for the Triton kernels: build_lattice(fused=True)")
         current, spare = workspace[0, : self.points + 1], workspace[1, : self.points + 1]
-        kernels.product(self.splat, values, current)
+        kernels.product(self.splat, values, current, live=self.live)
         for neighbours in self.neighbours:
-            kernels.blur(neighbours, current, spare)
+            kernels.blur(neighbours, current, spare, live=self.live)
             current, spare = spare, current
         return kernels.product(self.slice, current, out, base=base, softmax=softmax, groups=groups)
 
@@ -265,7 +269,7 @@ def build_lattice(
         elevated = _elevate(features)
         rem0, rank = _enclosing_simplex(elevated)
         weights = _barycentric(elevated, rem0, rank)
-    vertex, neighbours, m, order = _index_vertices(rem0, rank, segments, len(sizes), box)
+    vertex, neighbours, m, order, live = _index_vertices(rem0, rank, segments, len(sizes), box)
     # Lattice values carry one extra row 0 (pydensecrf's "-1 -> 0" shift): what a missing neighbour reads
     size = m + 1
     vertex = vertex[: n * (d + 1)]  # the padding points' entries follow: they splat nothing
@@ -285,7 +289,7 @@ def build_lattice(
     slice_ = _csr(torch.arange(n + 1, device=device) * (d + 1), cols.reshape(-1),
                   weights.view(n, d + 1).gather(1, sort).reshape(-1) * float(alpha), (n, size), dtype)  # fmt: skip
     if fused:  # (d+1, 2, M)
-        return Lattice(splat=splat, slice=slice_, blur=[], points=m, neighbours=neighbours)
+        return Lattice(splat=splat, slice=slice_, blur=[], points=m, neighbours=neighbours, live=live)
     blur = []
     index = torch.int32 if 3 * size < 2**31 else torch.long  # once for every direction, as _csr keeps it
     own = torch.arange(1, size, dtype=index, device=device)
@@ -297,7 +301,7 @@ def build_lattice(
         cols = torch.stack([first, own + low + high - first - last, last], dim=1)
         values = torch.where(cols == own[:, None], 1.0, 0.5)
         blur.append(_csr(crow, cols.reshape(-1), values.reshape(-1), (size, size), dtype))
-    return Lattice(splat=splat, slice=slice_, blur=blur, points=m)
+    return Lattice(splat=splat, slice=slice_, blur=blur, points=m, live=live)
 
 
 def workspace_for(lattices: list[Lattice], columns: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -368,7 +372,7 @@ def _barycentric(elevated: Tensor, rem0: Tensor, rank: Tensor) -> Tensor:
 
 def _index_vertices(
     rem0: Tensor, rank: Tensor, segments: Tensor | None, images: int = 1, box: FixedBox | None = None
-) -> tuple[Tensor, Tensor, int, Tensor | None]:
+) -> tuple[Tensor, Tensor, int, Tensor | None, Tensor | None]:
     """Number the simplex vertices of every point: the lattice points.
 
     The vertex r of point i has the key ``rem0[i, :d] + r - (d+1) [rank[i, :d] > d - r]`` (the canonical simplex's
@@ -388,8 +392,9 @@ def _index_vertices(
 
     Returns ``vertex`` (L,) with L = N (d+1): the lattice point (0..M-1) of each entry, point-major; (d+1, 2, M):
     for each direction the indices + 1 of every lattice point's first and second neighbour (0 where absent,
-    :func:`_with_second_neighbours`); M (L with a box); and the entries in the order of their points (stable), or
-    None where the numbering gives it no faster than a sort of ``vertex``.
+    :func:`_with_second_neighbours`); M (L with a box); the entries in the order of their points (stable), or
+    None where the numbering gives it no faster than a sort of ``vertex``; and with a box the number of real points,
+    a (1,) tensor on the device (:attr:`Lattice.live`), else None.
     """
     n, d = rem0.shape[0], rem0.shape[1] - 1
     device = rem0.device
@@ -398,7 +403,7 @@ def _index_vertices(
         low, strides, span = _code_box(rem0)
         if span * images >= 2**_CODE_BITS:  # too wide for one int64 code: sort the key rows themselves
             vertex, n1, m = _index_rows(_keys(rem0, rank, segments), d, offset=0 if segments is None else 1)
-            return vertex, _with_second_neighbours(n1, m), m, None
+            return vertex, _with_second_neighbours(n1, m), m, None, None
         low, stride = to_device(torch.tensor(low), device), to_device(torch.tensor(strides), device)
         steps = to_device(torch.tensor(_code_steps(strides)), device)
         reach, total = max(abs(s) for s in _code_steps(strides)), sum(strides)
@@ -422,7 +427,7 @@ def _index_vertices(
         table[points] = torch.arange(1, m + 1, device=device)
         vertex = table.take(codes) - 1
         n1 = table.take(points[None, :] + steps[:, None])  # (d+1, M); margins keep every shift in the table
-        order = None
+        order = live = None
     else:
         past = cells + reach if box is None else box.past  # past every code and every code's neighbour
         if past + reach < 2**31:  # int32 sorts in half the time
@@ -432,9 +437,10 @@ def _index_vertices(
         first[1:] = sorted_codes[1:] != sorted_codes[:-1]
         point = torch.cumsum(first, 0).sub_(1)
         if box is None:
-            unique = sorted_codes[first]
+            unique, live = sorted_codes[first], None
         else:  # every code to its point's slot, the empty points' slots past all of them: still sorted
             unique = torch.full_like(sorted_codes, past).scatter_(0, point, sorted_codes)
+            live = point[-1:] + 1
         m = unique.numel()
         vertex = torch.empty_like(entries).scatter_(0, order, point)
         shifted = unique[None, :] + steps[:, None]  # rows ascend: the search walks the table in order (2.3x faster)
@@ -442,7 +448,7 @@ def _index_vertices(
         hit = unique.index_select(0, found.view(-1)).view_as(found) == shifted  # index_select: int32 as it is
         del shifted
         n1 = found.add_(1).mul_(hit)  # 0: absent
-    return vertex, _with_second_neighbours(n1, m), m, order
+    return vertex, _with_second_neighbours(n1, m), m, order, live
 
 
 def _with_second_neighbours(n1: Tensor, m: int) -> Tensor:
