@@ -91,6 +91,23 @@ def test_start_summary_states_the_global_batch(world_size, expected):
     assert line == f"schedule    {cfg.train.max_iters} iterations, {expected}, warm-up {cfg.optim.warmup_iters}"
 
 
+@pytest.mark.parametrize(("options", "expected"), [
+    ({}, "forward pass float32, CAM pass float32, float32 products tf32"),
+    ({"amp": True, "cam_dtype": "bfloat16", "fp32_precision": "ieee"},
+     "forward pass bf16 autocast, CAM pass bf16 autocast, float32 products ieee"),
+    ({"cam_dtype": "bfloat16"}, "forward pass float32, CAM pass bf16 autocast, float32 products tf32"),
+])  # fmt: skip
+def test_start_summary_states_the_step_s_precision_on_a_gpu(options, expected):
+    """On CUDA the summary says how the step computes (the reference's float32 with TF32 products by default); a
+    CPU computes float32 whatever the config says, and the summary says nothing of it."""
+    cfg = tiny_config(".", **{"fp32_precision": "tf32", **options})
+    args = (1, {"train": 3}, ["background", "cat"], Path(cfg.data.label_file), torch.nn.Linear(2, 2))
+    lines = start_summary(cfg, torch.device("cuda"), *args).splitlines()
+    assert [line for line in lines if line.startswith("precision")] == [
+        f"precision   {expected} (docs/reference.md rows 5, 21, 22)"]  # fmt: skip
+    assert not any(line.startswith("precision") for line in start_summary(cfg, torch.device("cpu"), *args).splitlines())
+
+
 def test_chance_warning():
     cfg = tiny_config(".")
     chance = math.log(2)

@@ -163,6 +163,11 @@ def start_summary(
         f"({cfg.train.batch_size} per process x {world_size} process{'es' if world_size > 1 else ''}), "
         f"warm-up {cfg.optim.warmup_iters}",
     ]
+    if device.type == "cuda":  # what train.amp, train.cam_dtype and train.fp32_precision make of the step there
+        forward, cam = ("bf16 autocast" if bf16 else "float32" for bf16 in (cfg.train.amp,
+                                                                            cfg.train.cam_dtype == "bfloat16"))
+        lines.append(f"precision   forward pass {forward}, CAM pass {cam}, float32 products "
+                     f"{cfg.train.fp32_precision} (docs/reference.md rows 5, 21, 22)")  # fmt: skip
     return "\n".join(lines)
 
 
