@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import record_tf32_flags, tf32_flags
+from wsss import losses
 from wsss.losses import (
     DenseEnergyLoss,
     balanced_seg_ce,
@@ -13,6 +15,7 @@ from wsss.losses import (
     kernel_exponent_factors,
     multilabel_soft_margin,
 )
+from wsss.utils.tensors import fp32_precision
 
 
 def test_multilabel_soft_margin_hand_computed_and_torch():
@@ -80,6 +83,15 @@ def _round_tf32(x):
     """Round float32 to TF32 (10 explicit mantissa bits), as a TF32 matmul does with its inputs."""
     bits = (x.contiguous().view(torch.int32) + 0x1000) & ~0x1FFF
     return bits.view(torch.float32)
+
+
+def test_the_exact_kernel_computes_ieee_products_in_a_tf32_run(monkeypatch):
+    """``train.fp32_precision="tf32"`` (the default) holds around the energy loss, yet the exact kernel's products run
+    in IEEE float32 (what a GPU's cuBLAS reads; the CPU ignores it), and the run's setting comes back after it."""
+    seen = record_tf32_flags(monkeypatch, losses, "kernel_exponent_factors")
+    with fp32_precision("tf32"):
+        gaussian_filter_dense(torch.randn(50, 5), torch.randn(50, 3), block_size=16)
+        assert seen == [(False, False)] and tf32_flags() == (True, True)
 
 
 def test_kernel_exponents_survive_reduced_precision_matmul():

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from wsss.config import ENERGY_KERNELS, LossConfig
 from wsss.inference.crf.permutohedral import FixedBox, build_lattice, fixed_box, kernels, workspace_for
+from wsss.utils.tensors import fp32_precision
 
 try:  # optional: triton ships with the CUDA builds of torch; without it the blocked version runs everywhere
     from wsss import energy_kernel
@@ -129,8 +130,9 @@ def kernel_exponent_factors(features: Tensor) -> tuple[Tensor, Tensor]:
     (TF32, or bf16 under ``set_float32_matmul_precision("medium")``) then errs by ~2^-18 (TF32) or
     ~2^-15 (bf16) of each ``|a_k b_k|`` instead of 2^-11 or 2^-8: for random 0..255 colours at sigma 15
     the largest exponent error is 5e-4 instead of 0.14 (TF32) and 3.5e-3 instead of 1.1 (bf16), see
-    ``tests/test_losses.py``. In IEEE float32 the split is exact. The matmul precision is a process-wide
-    setting that cannot be switched safely from here, hence the split.
+    ``tests/test_losses.py``. In IEEE float32 the split is exact. :func:`gaussian_filter_dense` computes its
+    products in IEEE float32 whatever ``train.fp32_precision`` says; the split keeps any other caller's exponents
+    accurate under TF32 or bf16 products.
 
     Args:
         features: ``(n, D)`` point features already divided by their bandwidths.
@@ -152,7 +154,8 @@ def gaussian_filter_dense(features: Tensor, values: Tensor, block_size: int | No
     Evaluated in square tiles of ``block_size`` points; the kernel is symmetric, so each off-diagonal
     tile is computed once and used for both of its blocks (half the exponentials). A tile is one matmul
     of :func:`kernel_exponent_factors` (the exponents), an in-place ``exp`` and two matmuls with the
-    values, in one reused float32 buffer; no autograd graph is kept.
+    values, in one reused float32 buffer, all in IEEE float32 on a GPU too (TF32 products, the training run's
+    default, would round each kernel value to 10 bits); no autograd graph is kept.
 
     Args:
         features: ``(n, D)`` point features already divided by their bandwidths.
@@ -164,7 +167,7 @@ def gaussian_filter_dense(features: Tensor, values: Tensor, block_size: int | No
     """
     n = features.shape[0]
     block = min(block_size or default_block_size(features.device), max(n, 1))
-    with torch.no_grad(), torch.autocast(features.device.type, enabled=False):
+    with torch.no_grad(), torch.autocast(features.device.type, enabled=False), fp32_precision("ieee"):
         left, right_t = kernel_exponent_factors(features)
         v = values.float()
         out = torch.zeros_like(v)
