@@ -101,8 +101,9 @@ def stage_bounds(cfg, amp: bool, cam_bf16: bool) -> dict[str, float]:
         return next(v for k, v in rows.items() if k.startswith(prefix))
 
     return {
-        "forward + backward": row("forward + backward, train.amp" if amp else "forward + backward, float32, TF32"
-                                  if cfg.train.fp32_precision == "tf32" else "forward + backward, float32, train."),
+        "forward + backward": row("forward + backward, train.amp" if amp else
+                                  "forward + backward, float32, TF32" if cfg.train.fp32_precision == "tf32" else
+                                  "forward + backward, float32, train.fp32_precision=ieee"),  # fmt: skip
         "optimiser": row("fused AdamW"),
         "CAM pass": row("CAM pass, train.cam_dtype=bfloat16" if cam_bf16 else
                         "CAM pass, float32, TF32" if cfg.train.fp32_precision == "tf32" else
