@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import tiny_config
+from tests.conftest import record_tf32_flags, tf32_flags, tiny_config
 from tools import diagnose as diagnose_cli
+from wsss.analysis import diagnose as diagnose_module
 from wsss.analysis.diagnose import (
     COLUMNS,
     ModelEntry,
@@ -99,6 +100,16 @@ def test_mean_and_std_over_images_and_own_normalisation():
         diagnose(entry, [x1, torch.rand(3, 32, 32)])
     with pytest.raises(TypeError, match="VisionTransformer"):
         diagnose({"bad": ModelEntry(torch.nn.Linear(3, 3), MEAN, STD)}, [x1])
+
+
+def test_the_models_run_with_ieee_float32_products(monkeypatch):
+    """On a GPU the statistics are the CPU's: TF32 products (PyTorch's default for convolutions, the patch embedding)
+    would err by up to half the numerical-rank threshold. The process's flags are back after the run."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # PyTorch's default for convolutions
+    seen, before = record_tf32_flags(monkeypatch, diagnose_module, "layer_stats"), tf32_flags()
+    models = {name: ModelEntry(tiny_backbone(name), MEAN, STD) for name in ("vanilla", "centered")}
+    diagnose(models, random_images(2))
+    assert seen == [(False, False)] * 4 and tf32_flags() == before
 
 
 def test_prepare_image_resizes_shorter_side_and_center_crops():

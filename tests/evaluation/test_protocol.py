@@ -25,6 +25,7 @@ def test_the_line_names_every_setting():
     line = protocol(step=None, flip=False, crf=False, mask_classes="all", max_size=0, scales=(1.0,)).line()
     assert "(step unknown)" in line and "scales (1), flip off, CRF off, mask_classes all, max_size uncapped" in line
     assert protocol(max_size=None).line().endswith("mask_classes present")
+    assert protocol(fp32_precision="tf32").line().endswith("max_size 1024, float32 products tf32")  # on a GPU
 
 
 def test_full_val_on_voc_needs_all_1449_images():
@@ -57,11 +58,13 @@ def test_round_trip_through_json():
 
 
 def test_a_protocol_written_before_max_size_and_scored_is_read_as_scored():
-    """Files of older versions record neither: every run then was scored, and its max_size is unknown."""
-    data = protocol(max_size=1024).to_dict()
-    for name in ("max_size", "scored"):  # as files written before each was recorded
+    """Files of older versions record none of the three: every run then was scored, and its max_size and float32
+    products are unknown."""
+    data = protocol(max_size=1024, fp32_precision="ieee").to_dict()
+    assert EvalProtocol.from_dict(data).fp32_precision == "ieee"
+    for name in ("max_size", "scored", "fp32_precision"):  # as files written before each was recorded
         del data[name]
-    assert EvalProtocol.from_dict(data) == protocol(max_size=None, scored=True)
+    assert EvalProtocol.from_dict(data) == protocol(max_size=None, scored=True, fp32_precision=None)
     del data["split"]
     with pytest.raises(ValueError, match="^protocol without split$"):
         EvalProtocol.from_dict(data)

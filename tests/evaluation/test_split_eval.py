@@ -66,6 +66,8 @@ def test_scores_the_val_split_at_one_scale_under_the_work_dir(trained, tiny_voc,
     assert written["predictions"] == str(out.relative_to(tmp_path) / "masks")  # as named: relative to the cwd
     run = json.loads((out / "run.json").read_text())
     assert run["scales"] == [1.0] and run["flip"] is False
+    assert run["fp32_precision"] is written["protocol"]["fp32_precision"] is None  # a CPU's products are IEEE
+    assert "float32" not in written["protocol"]["line"]
 
 
 def test_the_configs_inference_settings_govern(trained, tmp_path):

@@ -18,12 +18,14 @@ from tests.conftest import resized_copy
 from tests.fake_cuda import REAL_GPU, fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss.config import apply_options
 from wsss.data.voc import VOCSegDataset
-from wsss.evaluation.cam_eval import evaluate_cams
+from wsss.evaluation import cam_eval, split_eval
+from wsss.evaluation.cam_eval import evaluate_cams, run_cam_eval
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.inference.exports.pseudo_labels import ExportOptions, export_pseudo_labels
 from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.inference.predictor import Segmenter
-from wsss.model_file import config_from_checkpoint, model_from_checkpoint
+from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
+from wsss.utils.distributed import DistInfo
 from wsss.utils.fileio import read_image, read_mask
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), needs_fake_cuda]
@@ -225,6 +227,25 @@ def test_the_cam_evaluation_never_waits_for_the_device_per_image(toy_checkpoint)
     expected = evaluate("cpu", 4)
     assert result.pseudo.summary == expected.pseudo.summary
     assert [result.cam[t].summary for t in (0.3, 0.5)] == [expected.cam[t].summary for t in (0.3, 0.5)]
+
+
+@pytest.mark.parametrize("mode", ["tf32", "ieee"])
+def test_a_score_on_the_gpu_names_its_float32_products(toy_checkpoint, tmp_path, monkeypatch, mode):
+    """tools/test.py's protocol (printed, and in metrics.json beside the folder run's run.json) and tools/eval_cams.py's
+    (cam_eval.json) name ``infer.fp32_precision`` where the model ran on a GPU (docs/reference.md row 21)."""
+    root, ckpt = toy_checkpoint
+    if not REAL_GPU:  # one process on the emulated device (the real one checks for CUDA and selects cuda:0)
+        for module in (split_eval, cam_eval):
+            monkeypatch.setattr(module, "init_distributed", lambda device: DistInfo(device=torch.device(device)))
+    cfg = apply_options(config_from_checkpoint(read_model_file(ckpt)), {"infer.fp32_precision": mode})
+    with fake_cuda():
+        result = split_eval.evaluate_checkpoint(cfg, ckpt, tmp_path / "test", device="cuda", progress=False)
+        _, cam_file = run_cam_eval(ckpt, "val", out=tmp_path / "cams", device="cuda", progress=False)
+    assert result.protocol.fp32_precision == mode and result.protocol.line().endswith(f", float32 products {mode}")
+    assert json.loads(result.metrics_file.read_text())["protocol"]["fp32_precision"] == mode
+    assert json.loads((tmp_path / "test" / "run.json").read_text())["fp32_precision"] == mode
+    trained = config_from_checkpoint(read_model_file(ckpt)).infer.fp32_precision  # eval_cams: the checkpoint's
+    assert json.loads(cam_file.read_text())["protocol"]["fp32_precision"] == trained == "ieee"  # (tiny_config's)
 
 
 def test_the_evaluator_counts_on_cuda_as_on_the_cpu():

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from wsss.analysis.constants import FP32_PRECISION
 from wsss.analysis.oversmoothing import RANK_THRESHOLD, layer_stats
 from wsss.config import load_config
 from wsss.data.folder import ImageFolderDataset, Skipped
@@ -43,6 +44,7 @@ from wsss.data.transforms import backbone_mean_std
 from wsss.model_file import model_from_checkpoint
 from wsss.models import build_backbone, build_model_backbone
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text
+from wsss.utils.tensors import fp32_precision
 
 __all__ = [
     "COLUMNS",
@@ -200,7 +202,8 @@ class _Accumulator:
 
     @torch.no_grad()
     def add(self, image: torch.Tensor) -> None:
-        """Measure every model on ``image`` (3, H, W) in [0, 1]."""
+        """Measure every model on ``image`` (3, H, W) in [0, 1], a GPU's float32 products as :data:`FP32_PRECISION`
+        says."""
         if image.ndim != 3 or image.shape[0] != 3:
             raise ValueError(f"images must be (3, H, W), got shape {tuple(image.shape)}")
         if self.image_size is None:
@@ -213,7 +216,8 @@ class _Accumulator:
         x = image[None].to(self.device)
         for label, entry in self.models.items():
             vit = find_vit(entry.model)
-            self.values[label].append(layer_stats(vit, _normalize(x, entry.mean, entry.std), self.threshold))
+            with fp32_precision(FP32_PRECISION):
+                self.values[label].append(layer_stats(vit, _normalize(x, entry.mean, entry.std), self.threshold))
             grid = vit.patch_embed.dynamic_feat_size(tuple(x.shape[-2:]))
             self.shapes[label] = (math.prod(grid), vit.embed_dim)
 

@@ -55,7 +55,7 @@ from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cams_with_par
 from wsss.utils.distributed import init_distributed, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_mask
-from wsss.utils.tensors import fp32_precision, to_device
+from wsss.utils.tensors import fp32_precision, fp32_products, to_device
 
 __all__ = ["CamEvalResult", "default_work_dir", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
 
@@ -381,6 +381,7 @@ def run_cam_eval(
         checkpoint=str(checkpoint), step=ckpt.get("step"), split=split, num_images=result.num_images,
         split_images=len(dataset), val_split=cfg.data.val_split, voc=is_voc(dataset.classes),
         scales=tuple(cfg.cam.scales), flip=True, crf=False, mask_classes="ground-truth labels",
+        fp32_precision=fp32_products(cfg.infer.fp32_precision, device),
     )  # fmt: skip
     result.info = {"checkpoint": str(checkpoint), "data_root": cfg.data.root, "split": split, **result.info,
                    "protocol": protocol.to_dict()}  # fmt: skip

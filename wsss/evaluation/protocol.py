@@ -4,7 +4,8 @@
 :meth:`EvalProtocol.to_dict` into the files they write (``metrics.json``, ``cam_eval.json``, ``submission.json``,
 key ``protocol``); ``tools/report.py`` reads it back from there, so a table never shows a number without the
 settings that produced it: test-time scales and flip, CRF on or off, which classes the masks may hold, the split with
-its number of images (and whether it is the full val set), and the checkpoint with its training step.
+its number of images (and whether it is the full val set), the checkpoint with its training step, and on a GPU how
+it computed float32 products.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from wsss.config import fits_float
 from wsss.data.classes import VOC_CLASSES
 from wsss.evaluation.paper_tables import VOC_SPLIT_IMAGES
 
-LATER_FIELDS = {"max_size": None, "scored": True}
+LATER_FIELDS = {"max_size": None, "scored": True, "fp32_precision": None}
 """Fields a protocol written by an older version lacks, with the value they stand for there (every run was scored;
-``max_size`` was not recorded)."""
+``max_size`` and the float32 products were not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class EvalProtocol:
         mask_classes: Which classes a mask may hold (``infer.mask_classes``, or the ground-truth labels for CAMs).
         max_size: Longest side the model sees (``infer.max_size``; None: not capped or not applicable).
         scored: The predictions were scored against ground truth (False: ``--format-only``).
+        fp32_precision: A GPU's float32 products while the model ran (``infer.fp32_precision``: ``tf32`` or
+            ``ieee``); None on a CPU, or not recorded.
     """
 
     checkpoint: str
@@ -58,6 +61,7 @@ class EvalProtocol:
     mask_classes: str
     max_size: int | None = None
     scored: bool = True
+    fp32_precision: str | None = None
 
     @property
     def full_val(self) -> bool:
@@ -82,14 +86,16 @@ class EvalProtocol:
         return text + ("" if self.scored else ", not scored (--format-only)")
 
     def line(self) -> str:
-        """One line: ``protocol: checkpoint ...; split ...; scales ..., flip on, CRF off, mask_classes ...``."""
+        """One line: ``protocol: checkpoint ...; split ...; scales ..., flip on, CRF off, mask_classes ...`` (and on a
+        GPU ``, float32 products tf32``)."""
         step = "step unknown" if self.step is None else f"step {self.step}"
         scales = ", ".join(f"{s:g}" for s in self.scales)
         size = "" if self.max_size is None else f", max_size {self.max_size or 'uncapped'}"
+        products = "" if self.fp32_precision is None else f", float32 products {self.fp32_precision}"
         return (
             f"protocol: checkpoint {Path(self.checkpoint).name} ({step}); {self.split_text()}; scales ({scales}), "
             f"flip {'on' if self.flip else 'off'}, CRF {'on' if self.crf else 'off'}, mask_classes "
-            f"{self.mask_classes}{size}"
+            f"{self.mask_classes}{size}{products}"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -163,7 +163,8 @@ def _inference_settings(predicted: Path) -> dict[str, Any]:
     """The protocol's inference settings as the run recorded them in ``run.json`` (written before any mask)."""
     run = json.loads((predicted / "run.json").read_text())
     return {"scales": tuple(run["scales"]), "flip": run["flip"], "crf": run["crf"],
-            "mask_classes": run["mask_classes"], "max_size": run["max_size"]}  # fmt: skip
+            "mask_classes": run["mask_classes"], "max_size": run["max_size"],
+            "fp32_precision": run.get("fp32_precision")}  # fmt: skip
 
 
 def _submit(masks: Path, out: Path, ids: list[str], protocol: EvalProtocol, record: Path) -> Submission:

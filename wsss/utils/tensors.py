@@ -10,7 +10,7 @@ from torch import Tensor
 
 from wsss.config import FP32_PRECISIONS
 
-__all__ = ["argmax", "fp32_precision", "to_device"]
+__all__ = ["argmax", "fp32_precision", "fp32_products", "to_device"]
 
 
 def argmax(x: Tensor, dim: int) -> Tensor:
@@ -50,3 +50,9 @@ def fp32_precision(mode: str) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def fp32_products(mode: str, device: torch.device | str) -> str | None:
+    """What ``fp32_precision(mode)`` makes of ``device``'s float32 products, as a run records it: ``mode`` on a GPU,
+    None on a CPU (IEEE whatever the mode)."""
+    return mode if torch.device(device).type == "cuda" else None

@@ -107,6 +107,7 @@ from wsss.inference.predictor import Segmenter, longest_side
 from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
 from wsss.utils.startup import threads_beside
+from wsss.utils.tensors import fp32_products
 
 __all__ = [
     "InferenceOptions", "InferenceSummary", "check_bounds", "check_scales", "default_output", "run_inference",
@@ -288,6 +289,8 @@ def run_inference(
         "crf": opts.crf,
         "crf_config": asdict(cfg.infer.crf) if opts.crf else None,
         "outputs": layout.kinds,
+        # recorded, not compared: like the device, it moves a few pixels at float rounding (docs/reference.md row 21)
+        "fp32_precision": fp32_products(cfg.infer.fp32_precision, device),
     }
     changed = prepare_output(layout, settings)
 
