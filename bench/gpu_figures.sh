@@ -3,7 +3,7 @@
 # time-capped (the default steps at most 9.5 minutes in all):
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
-# all but train_fp32, export and suite) choose among:
+# all but train_fp32, loader, export and suite) choose among:
 #   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the
 #                          forward pass and the CAM pass in bf16 (train.amp, train.cam_dtype), each stage eager and as
 #                          a CUDA graph against its bound (the energy kernel's autotuner picks its blocks here);
@@ -15,6 +15,8 @@
 #                          loop and the model alone, single scale, ms + flip, + CRF; at COCO size (81 classes, every
 #                          class: the reference) with the peak GPU memory of each mode;
 #   crf                    the CRF alone, both kernels, batch 1 and 16, with its peak CUDA memory;
+#   loader                 (not by default) the training loader alone on the GPU host's cores, 0-8 workers, against
+#                          what 30 it/s needs (bench/bench_loader.py), at most 120 s;
 #   export                 (not by default) the pseudo-label export (with and without --crf) and eval_cams --pseudo
 #                          at batch 1 and 16 (issue 37): operations per image, images/s at VOC size, at most 120 s;
 #   tests                  the Triton kernels' and the fake-CUDA tests on the real device;
@@ -57,13 +59,14 @@ for name in "${steps[@]}"; do
     infer_coco) step "$name" 90 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 ;;
     crf) step "$name" 60 bench/bench_crf.py --cuda-only --cuda-batches 1 16 ;;
+    loader) step "$name" 120 bench/bench_loader.py --workers 0 1 2 4 8 --batches 48 ;;
     export) step "$name" 120 bench/bench_export.py --device cuda --time --crf --num 256 --batch-sizes 1 16 ;;
     tests) step "$name" 120 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \
       tests/test_energy_kernel.py tests/test_energy_lattice.py tests/engine/test_cuda_step.py \
       tests/inference/test_cuda_inference.py tests/engine/test_graphs.py ;;
     suite) step "$name" 300 "${pytest[@]}" tests ;;
     *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_lattice train_fp32 infer_voc" \
-      "infer_coco crf tests export suite)" >&2
+      "infer_coco crf tests loader export suite)" >&2
       exit 2 ;;
   esac
 done

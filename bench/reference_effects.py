@@ -45,7 +45,8 @@ def row(what: str, value: str) -> None:
 
 def batch_from(dataset: VOCClsDataset, count: int) -> dict:
     items = [dataset[i] for i in range(count)]
-    return {k: torch.stack([it[k] for it in items]) for k in ("image", "label", "box")}
+    batch = {k: torch.stack([it[k] for it in items]) for k in ("image", "label", "box")}
+    return {**batch, "image": dataset.normalize()(batch["image"])}
 
 
 def changed(a: torch.Tensor, b: torch.Tensor, region: torch.Tensor | None = None) -> float:

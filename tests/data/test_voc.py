@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import zlib
+
 import albumentations as A
 import numpy as np
 import pytest
@@ -7,7 +9,7 @@ import torch
 
 from tests.conftest import TINY_CLASSES
 from wsss.config import DataConfig
-from wsss.data.transforms import TrainAugment, backbone_mean_std, denormalize, normalize
+from wsss.data.transforms import PixelNormalize, TrainAugment, backbone_mean_std, denormalize, normalize
 from wsss.data.voc import VOCClsDataset, VOCSegDataset, collate_list
 from wsss.utils.fileio import read_image, read_mask, save_mask
 
@@ -45,16 +47,50 @@ def test_seg_dataset_values(tiny_voc):
 
 
 def test_cls_dataset_label_and_crop(tiny_voc):
-    ds = VOCClsDataset(cfg_for(tiny_voc), MEAN, STD, with_mask=True)
-    item = ds[2]  # b1: cat and dog
+    pad = (10.0, 20.0, 30.0)
+    cfg = cfg_for(tiny_voc, scale_range=(0.5, 0.5), pad_rgb=pad, color_jitter_prob=0, grayscale_prob=0, blur_prob=0)
+    ds = VOCClsDataset(cfg, MEAN, STD, with_mask=True)
+    item = ds[2]  # b1: cat and dog, 64 x 40 scaled to 32 x 20: padded to 32 rows
     assert item["id"] == "b1" and item["label"].tolist() == [1.0, 1.0]
     assert item["image"].shape == (3, 32, 32) and item["mask"].shape == (32, 32)
+    assert item["image"].dtype == torch.uint8  # the loader ships pixels; the device normalises them
     y0, y1, x0, x1 = item["box"].tolist()
-    assert 0 <= y0 < y1 <= 32 and 0 <= x0 < x1 <= 32
+    assert y1 - y0 == 20 and (x0, x1) == (0, 32)
     outside = torch.ones(32, 32, dtype=torch.bool)
     outside[y0:y1, x0:x1] = False
-    assert (item["image"][:, outside] == 0).all()  # zero padding (in normalised space)
+    assert (item["image"][:, outside] == torch.tensor(pad, dtype=torch.uint8)[:, None]).all()  # pad_rgb
     assert (item["mask"][outside] == 255).all()
+    normalized = ds.normalize()(item["image"])
+    expected = (torch.tensor(pad) / 255 - torch.tensor(MEAN)) / torch.tensor(STD)
+    torch.testing.assert_close(normalized[:, outside], expected[:, None].expand(3, int(outside.sum())))
+
+
+def test_the_device_normalises_the_loaders_pixels_as_albumentations_did(tiny_voc):
+    """The loader ships uint8 crops and the step's device normalises them by table (PixelNormalize): bit for bit the
+    float crops the augmentation made before, with albumentations' Normalize last in its pipeline, for every seed,
+    every channel, every level."""
+    cfg = cfg_for(tiny_voc)  # colour jitter, grayscale and blur at the reference's rates: crops of many levels
+    ds = VOCClsDataset(cfg, MEAN, STD, seed=5)
+    normalized = A.Compose([*ds.augment.transform.transforms, A.Normalize(mean=MEAN, std=STD, max_pixel_value=255.0)],
+                           additional_targets={"valid": "mask"})  # fmt: skip
+    items = [ds[i] for i in range(len(ds))]
+    for index, item in enumerate(items):
+        raw = read_image(tiny_voc / "JPEGImages" / f"{item['id']}.jpg")
+        normalized.set_random_seed(zlib.crc32(f"5:0:{index}".encode()))  # the dataset's seed of this item
+        size = raw.shape[:2]
+        before = normalized(image=raw, mask=np.zeros(size, np.uint8), valid=np.ones(size, np.uint8))["image"]
+        expected = torch.from_numpy(before.astype(np.float32)).permute(2, 0, 1)
+        assert torch.equal(ds.normalize()(item["image"]), expected), item["id"]
+        assert torch.equal(torch.from_numpy(ds.augment.table[np.arange(3), item["image"].permute(1, 2, 0).numpy()]),
+                           expected.permute(1, 2, 0))  # TrainAugment.__call__'s host normalisation  # fmt: skip
+    batch = torch.stack([item["image"] for item in items])
+    assert torch.equal(ds.normalize()(batch), torch.stack([ds.normalize()(item["image"]) for item in items]))
+    levels = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256)
+    by_arithmetic = (levels.double() / 255 - torch.tensor(MEAN, dtype=torch.float64).view(3, 1, 1)) / torch.tensor(
+        STD, dtype=torch.float64).view(3, 1, 1)  # fmt: skip
+    torch.testing.assert_close(PixelNormalize(MEAN, STD)(levels), by_arithmetic.float())  # each channel its own
+    with pytest.raises(ValueError, match=r"uint8 pixels, got torch.float32 \(3, 4, 4\)"):
+        PixelNormalize(MEAN, STD)(torch.zeros(3, 4, 4))
 
 
 def test_cls_dataset_is_deterministic_per_epoch(tiny_voc):

@@ -20,7 +20,7 @@ from tests.conftest import tiny_config
 from tests.fake_cuda import emulator_only, fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from wsss import losses
 from wsss.config import Config
-from wsss.data.transforms import backbone_mean_std
+from wsss.data.transforms import PixelNormalize, backbone_mean_std
 from wsss.data.voc import val_dataset
 from wsss.engine.checkpoint import save_checkpoint
 from wsss.engine.optim import NonFiniteGuard, NonFiniteLossError, build_optimizer
@@ -135,6 +135,22 @@ def test_training_iterations_run_on_cuda_without_a_host_sync(tmp_path, cam_dtype
     assert moved_cuda.norm() == pytest.approx(moved_cpu.norm().item(), rel=0.1)
     frozen = [w for w, t in zip(cuda_weights, trained, strict=True) if not t]
     assert frozen and all(torch.equal(w, s) for w, s, t in zip(cuda_weights, start, trained, strict=True) if not t)
+
+
+def test_the_loaders_uint8_crops_are_normalised_on_the_device_without_a_host_sync():
+    """tools/train.py's batch: uint8 crops uploaded (a quarter of the float's bytes) and normalised by table there
+    (PixelNormalize, its table uploaded once when made), without the host waiting, equal to the CPU's."""
+    mean, std = backbone_mean_std("vit_tiny_patch16_224")
+    g = torch.Generator().manual_seed(0)
+    batch = {**make_batch(), "image": torch.randint(0, 256, (2, 3, 32, 32), generator=g, dtype=torch.uint8)}
+    on_cpu = to_device(batch, CPU, PixelNormalize(mean, std, CPU))["image"]
+    with fake_cuda() as mode:
+        normalize = PixelNormalize(mean, std, CUDA)
+        with no_sync(mode):
+            on_cuda = to_device(batch, CUDA, normalize)["image"]
+        assert on_cuda.device.type == "cuda" and on_cuda.dtype == torch.float32
+        got = on_cuda.cpu()
+    assert torch.equal(got, on_cpu)
 
 
 def test_a_non_finite_loss_skips_the_update_on_the_device(tmp_path):

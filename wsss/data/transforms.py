@@ -72,12 +72,42 @@ def channel_constants(values: Sequence[float], device: torch.device | str) -> to
     return to_device(torch.tensor(tuple(values), dtype=torch.float32).view(1, len(values), 1, 1), device)
 
 
+def normalization_table(mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """(3, 256) float32: the value :class:`TrainAugment`'s normalisation (albumentations' ``Normalize``, which looks
+    uint8 pixels up in a table of its own) gives each pixel level of each channel, read from ``Normalize`` itself."""
+    levels = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2)  # (1, 256, 3): every level
+    normalized = A.Normalize(mean=mean, std=std, max_pixel_value=255.0)(image=levels)["image"]
+    return np.ascontiguousarray(normalized[0].astype(np.float32).T)
+
+
+class PixelNormalize:
+    """(..., 3, H, W) uint8 pixels -> float32, normalised by :func:`normalization_table` on their device: bit for bit
+    what :class:`TrainAugment` makes of them on the host, from a quarter of the bytes. The training loader ships the
+    uint8 crops, and the step's device normalises them (docs/benchmarks.md, "The training loader alone").
+
+    The table is copied to ``device`` once, when made (without making the host wait,
+    :func:`~wsss.utils.tensors.to_device`)."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device | str = "cpu") -> None:
+        table = torch.from_numpy(normalization_table(mean, std))
+        self.table = to_device(table.flatten(), device)
+        self.offsets = to_device(torch.arange(0, table.numel(), table.shape[1]).view(3, 1, 1), device)
+        """Each channel's start in the flattened table."""
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        if pixels.dtype != torch.uint8 or pixels.ndim < 3 or pixels.shape[-3] != 3:
+            raise ValueError(f"PixelNormalize takes (..., 3, H, W) uint8 pixels, got {pixels.dtype} "
+                             f"{tuple(pixels.shape)}")  # fmt: skip
+        return torch.take(self.table, pixels.long().add_(self.offsets))
+
+
 @dataclass
 class Sample:
     """One augmented training crop."""
 
     image: np.ndarray
-    """(crop, crop, 3) float32, normalised; padding is ``DataConfig.pad_rgb`` before the colour augmentation."""
+    """(crop, crop, 3) float32, normalised (:meth:`TrainAugment.__call__`), or its uint8 pixels
+    (:meth:`TrainAugment.pixels`); padding is ``DataConfig.pad_rgb`` before the colour augmentation."""
     mask: np.ndarray
     """(crop, crop) uint8 class indices; padding is the ignore index."""
     box: np.ndarray
@@ -106,10 +136,11 @@ class TrainAugment:
 
     Geometry first, on the uint8 image: random scale, horizontal flip, padding with ``pad_rgb`` to the crop
     size at a random position, random crop. Then, on the crop (padding included): colour jitter, grayscale,
-    Gaussian blur; then normalisation. The mask follows every geometric step (nearest interpolation, padded
-    with the ignore index). The valid box is tracked as a third target so it is exact after scale, flip, pad
-    and crop. (The reference also flips the crop a second time without flipping its box; here the box always
-    matches the pixels.)
+    Gaussian blur, all uint8 still (:meth:`pixels`); then normalisation (:meth:`__call__`; albumentations'
+    ``Normalize``, or its table on the device, :class:`PixelNormalize`). The mask follows every geometric step (nearest
+    interpolation, padded with the ignore index). The valid box is tracked as a third target so it is exact after
+    scale, flip, pad and crop. (The reference also flips the crop a second time without flipping its box; here the
+    box always matches the pixels.)
     """
 
     def __init__(self, cfg: DataConfig, mean: tuple[float, ...], std: tuple[float, ...]):
@@ -137,13 +168,19 @@ class TrainAugment:
                 A.ColorJitter(brightness=b, contrast=c, saturation=s, hue=h, p=cfg.color_jitter_prob),
                 A.ToGray(p=cfg.grayscale_prob),
                 A.GaussianBlur(blur_limit=0, sigma_limit=cfg.blur_sigma, p=cfg.blur_prob),
-                A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
             ],
             additional_targets={"valid": "mask"},
         )
+        self.table = normalization_table(mean, std)
 
     def __call__(self, image: np.ndarray, mask: np.ndarray | None, seed: int) -> Sample:
-        """Augment (H, W, 3) uint8 ``image`` and optional (H, W) ``mask`` with randomness from ``seed``."""
+        """Augment (H, W, 3) uint8 ``image`` and optional (H, W) ``mask`` with randomness from ``seed``; the crop
+        normalised."""
+        sample = self.pixels(image, mask, seed)
+        return Sample(image=self.table[np.arange(3), sample.image], mask=sample.mask, box=sample.box)
+
+    def pixels(self, image: np.ndarray, mask: np.ndarray | None, seed: int) -> Sample:
+        """:meth:`__call__`'s crop before its normalisation: (crop, crop, 3) uint8."""
         if mask is None:
             mask = np.zeros(image.shape[:2], dtype=np.uint8)
         # Valid pixels are 1; padding becomes the ignore index like the mask's, so one fill serves both.
@@ -153,4 +190,4 @@ class TrainAugment:
         rows = np.flatnonzero((out["valid"] == 1).any(axis=1))
         cols = np.flatnonzero((out["valid"] == 1).any(axis=0))
         box = np.array([rows[0], rows[-1] + 1, cols[0], cols[-1] + 1], dtype=np.int64)
-        return Sample(image=out["image"].astype(np.float32), mask=out["mask"], box=box)
+        return Sample(image=out["image"], mask=out["mask"], box=box)

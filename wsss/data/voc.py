@@ -27,7 +27,7 @@ from wsss.data.classes import load_classes
 from wsss.data.labels import check_mask_values, load_labels, under_root
 from wsss.data.paths import UnsafePathError, confined, line_of, safe_relative
 from wsss.data.tags import hash_split, read_tags, require_a_tag, tag_classes, tag_labels
-from wsss.data.transforms import TrainAugment, normalize
+from wsss.data.transforms import PixelNormalize, TrainAugment, normalize
 from wsss.utils.fileio import IMAGE_EXTENSIONS, read_image, read_mask
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -221,7 +221,9 @@ class _VOCBase(Dataset):
 class VOCClsDataset(_VOCBase):
     """Training crops with image-level labels.
 
-    Each item is a dict: ``image`` (3, crop, crop) float32 normalised, ``label`` (C-1,) float32 multi-hot,
+    Each item is a dict: ``image`` (3, crop, crop) uint8, the crop's pixels (:meth:`normalize`, on the device, makes
+    the model's input of them, bit for bit what the augmentation's own normalisation gives on the host, from a
+    quarter of the bytes through the loader), ``label`` (C-1,) float32 multi-hot,
     ``box`` (4,) int64 ``[y0, y1, x0, x1]`` valid region, ``id``; with ``with_mask`` also ``mask``
     (crop, crop) int64 (for scoring pseudo labels, never as WSSS supervision; classification pre-training with
     ``pretrain.labels = "crop"`` takes its targets from it).
@@ -248,6 +250,7 @@ class VOCClsDataset(_VOCBase):
         self.label_path = self._resolve(cfg.label_file)
         self.labels = self.load_image_labels()
         self.augment = TrainAugment(cfg, mean, std)
+        self.mean, self.std = mean, std
         self.seed = seed
         self.epoch = 0
         self.with_mask = with_mask
@@ -259,7 +262,7 @@ class VOCClsDataset(_VOCBase):
         image_id, image, skipped = self._readable(index)
         mask = self.load_mask(image_id, image.shape[:2]) if self.with_mask else None
         seed = zlib.crc32(f"{self.seed}:{self.epoch}:{index}".encode())
-        sample = self.augment(image, mask, seed)
+        sample = self.augment.pixels(image, mask, seed)
         item = {
             "id": image_id,
             "image": torch.from_numpy(sample.image).permute(2, 0, 1).contiguous(),
@@ -270,6 +273,10 @@ class VOCClsDataset(_VOCBase):
         if self.with_mask:
             item["mask"] = torch.from_numpy(sample.mask.astype(np.int64))
         return item
+
+    def normalize(self, device: torch.device | str = "cpu") -> PixelNormalize:
+        """What makes the model's input of a batch's ``image`` on ``device``."""
+        return PixelNormalize(self.mean, self.std, device)
 
     def _readable(self, index: int) -> tuple[str, np.ndarray, str]:
         """The id and decoded image at ``index``, or at the next index whose image decodes, and the warnings

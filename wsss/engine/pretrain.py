@@ -166,6 +166,7 @@ def pretrain(cfg: Config, work_dir: str | Path, device: torch.device) -> Pretrai
     dump_config(cfg, work / "config.py")
 
     data = training_batches(train_set, cfg, start, device, 1, 0)
+    normalize = train_set.normalize(device)
     result = PretrainResult(checkpoint=work / BACKBONE_FILE, step=start, metrics={}, seconds=0.0)
     running = torch.zeros((), device=device)
     tic = time.perf_counter()
@@ -177,7 +178,7 @@ def pretrain(cfg: Config, work_dir: str | Path, device: torch.device) -> Pretrai
             target = crop_labels(batch["mask"], len(train_set.classes), cfg.pretrain.crop_label_min_fraction)
         else:
             target = batch["label"]
-        loss = multilabel_soft_margin(model(batch["image"].to(device)).float(), target.to(device))
+        loss = multilabel_soft_margin(model(normalize(batch["image"].to(device))).float(), target.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         guard.update(loss, it)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from wsss.config import Config, ModelConfig, dump_config, from_dict
 from wsss.data.check import check_dataset
 from wsss.data.tags import tag_warnings
-from wsss.data.transforms import backbone_mean_std
+from wsss.data.transforms import PixelNormalize, backbone_mean_std
 from wsss.data.voc import TaggedValDataset, VOCClsDataset, VOCSegDataset, val_dataset
 from wsss.engine.checkpoint import rng_state, save_checkpoint, set_rng_state
 from wsss.engine.distributed import ResumableSampler
@@ -134,10 +134,13 @@ def training_batches(
     return batches(loader, sampler, train_set, start)
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    """The batch's tensors on ``device``, and ``max_present``: the largest number of classes in one image,
-    counted on the host so that the pseudo labels need not ask the device."""
+def to_device(batch: dict, device: torch.device, normalize: PixelNormalize | None = None) -> dict:
+    """The batch's tensors on ``device``, its uint8 ``image`` made the model's input there by ``normalize`` (the
+    loader's batches, :meth:`VOCClsDataset.normalize`; None: ``image`` is that already), and ``max_present``: the
+    largest number of classes in one image, counted on the host so that the pseudo labels need not ask the device."""
     moved = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    if normalize is not None:
+        moved["image"] = normalize(moved["image"])
     return {**moved, "max_present": int(batch["label"].numpy().sum(axis=1).max())}
 
 
@@ -228,6 +231,7 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
         _restore_rng(ckpt["rng"], dist_info, cfg.train.seed + start)
         changes = config_changes(ckpt["config"], cfg)
     data = training_batches(train_set, cfg, start, dist_info.device, dist_info.world_size, dist_info.rank)
+    normalize = train_set.normalize(dist_info.device)
     # everything that can fail before the first step has run: only now is the earlier run cleared
     cleared = start_afresh(work, overwrite) if dist_info.is_main and not resume else []
     if dist_info.is_main:
@@ -282,7 +286,7 @@ def _train(cfg: Config, work: Path, resume: str | bool | None, device: str | Non
     tic, last_log, skipped = time.perf_counter(), start, []
     intervals = (cfg.train.log_interval, cfg.train.val_interval, cfg.train.ckpt_interval)
     for it in range(start, cfg.train.max_iters):
-        batch = to_device(next(data), dist_info.device)
+        batch = to_device(next(data), dist_info.device, normalize)
         skipped += [line for line in batch["skipped"] if line]  # unreadable images the loader passed over
         run_iteration(batch, it)
         done = it + 1
