@@ -66,6 +66,8 @@ class HostNormalized(VOCClsDataset):
 
 @dataclass
 class NormalizingAugment:
+    """``augment``'s crops normalised by ``normalize`` in the worker (picklable, for the loader's processes)."""
+
     augment: TrainAugment
     normalize: A.Normalize
 
