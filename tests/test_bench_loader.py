@@ -1,5 +1,5 @@
-"""bench/bench_loader.py on a small set: a row per worker count with both kinds of crops, the iterations/s they feed,
-and the workers the goal needs (docs/benchmarks.md, "The training loader alone")."""
+"""bench/bench_loader.py on a small set: a row per worker count with the loader now and as it was, the iterations/s it
+feeds, and the workers the goal needs (docs/benchmarks.md, "The training loader alone")."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_the_loader_bench_times_both_kinds_of_crops_per_worker_count():
+def test_the_loader_bench_times_the_loader_now_and_before_per_worker_count():
     pytest.importorskip("skimage")  # its photographs (a dev requirement)
     argv = ["--cfg-options", "data.crop_size=64", "train.batch_size=2", "--images", "4", "--batches", "2",
             "--workers", "0", "1"]  # fmt: skip
@@ -23,8 +23,8 @@ def test_the_loader_bench_times_both_kinds_of_crops_per_worker_count():
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
             if re.match(r"\| \d+ \|", line)]  # fmt: skip
     assert [row[0] for row in rows] == ["0", "1"], proc.stdout
-    for _, uint8, float32, ratio, fed, goal in rows:
-        assert float(uint8) > 0 and float(float32) > 0 and goal == "30"
+    for _, uint8, restarted, float32, ratio, fed, goal in rows:
+        assert float(uint8) > 0 and float(restarted) > 0 and float(float32) > 0 and goal == "30"
         assert float(ratio) == pytest.approx(float(uint8) / float(float32), abs=0.01)
         assert float(fed) == pytest.approx(float(uint8) / 2, abs=0.1)  # at the batch of 2
     need = -(-60 // float(rows[1][1]))  # 30 it/s x 2 images, at one worker's rate
