@@ -1,4 +1,5 @@
-"""A sampler that resumes mid-epoch, for training under ``torchrun`` (process group: :mod:`wsss.utils.distributed`)."""
+"""A sampler that resumes mid-epoch, for training under ``torchrun`` (process group: :mod:`wsss.utils.distributed`),
+and the view of a training dataset that reads its ``(epoch, index)`` keys."""
 
 from __future__ import annotations
 
