@@ -147,6 +147,7 @@ def test_ddp_resume_is_exact_with_stochastic_depth(tiny_voc, tmp_path):
     cfg = tiny_config(tiny_voc, max_iters=4, ckpt_interval=2)
     assert cfg.model.drop_path_rate > 0
     cfg.train.batch_size = 1
+    cfg.data.num_workers = 1  # a loader worker per rank, kept across epochs (tests/engine/test_loader.py)
     cfg_file = tmp_path / "cfg.py"
     dump_config(cfg, cfg_file)
     script = tmp_path / "run_ddp.py"
