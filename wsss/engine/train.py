@@ -109,7 +109,8 @@ def training_batches(
 ) -> Iterator[dict]:
     """This rank's endless training batches from iteration ``start`` on (:func:`batches`); ``cfg.train.batch_size``
     per batch, ``cfg.data.num_workers`` loader workers that die with this process and live across epochs (started
-    once: the toy config's epoch of 50 batches fed 1.3-1.5x more with them, docs/benchmarks.md).
+    once: on the toy config's epoch of 50 batches they fed 1.1-1.4x what workers restarted each epoch did,
+    docs/benchmarks.md).
 
     Raises:
         ValueError: This rank's share of the split holds fewer images than one batch (raised at once, before
