@@ -2,6 +2,7 @@
 
     python bench/bench_crf.py [--images 6] [--cores 2] [--cases voc3 voc21 coco81] [--cuda-batches 1 16]
     python bench/bench_crf.py --launches [--cases ...]
+    python bench/bench_crf.py --traffic [--images 5] [--cases ...]
 
 Cases: VOC-sized photographs (500 x 375) with 3 and 21 classes, COCO-sized (640 x 480) with 81, from the
 scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resized, with model-like probabilities
@@ -15,7 +16,7 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
 - on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory of a call (above
   its inputs) against its bound (the largest run's estimate, which ``infer.crf.memory_mib`` holds, plus the
   marginals the call returns), with each of ``--cuda-kernels`` (``infer.crf.kernel``: PyTorch's sparse products, the
-  Triton kernels), and the most images a run holds.
+  Triton kernels), the most images a run holds, and the batch's traffic bound (``--traffic``) in ms per image.
 
 ``--launches``: the operations the host dispatches per CRF call, on the CPU (the Triton kernels in Triton's
 interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the
@@ -28,6 +29,12 @@ photograph shrunk to 48 x 64 (the counts do not depend on the size); for 3 and 2
 image can have) and a photograph at ``--memory-size``, against the estimate ``infer.crf.memory_mib`` is held to
 (``wsss.inference.crf``); the Triton path as on a GPU, its simplices kernel in Triton's interpreter and its
 products' launches skipped (they allocate nothing; 1 iteration: every buffer is made before the first).
+
+``--traffic``: the memory-bandwidth bound of the Triton kernels' mean-field (:func:`filter_traffic`: every value read
+and written once per product) from the lattices the case's photographs really make (their points per pixel, each
+built as a call builds them), in bytes per image and ms per image at an H100's HBM rate, against issue 37's goals;
+and, as it would be with the lattice values stored in float16 (each product still summing in float32: emulated on
+the CPU by rounding each product's output), the same bound and the marginals' and labels' distance from pydensecrf's.
 
 Prints a markdown table (docs/benchmarks.md, "Dense CRF").
 """
@@ -44,10 +51,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from step_on_paper import H100
 
 from wsss.config import CrfConfig
 
 CASES = {"voc3": ((375, 500), 3), "voc21": ((375, 500), 21), "coco81": ((480, 640), 81)}
+HBM = H100["hbm"]
+GOALS = {"voc21": 500, "coco81": 150}
+"""Issue 37's images/s of the CRF alone on one H100."""
+VARIANTS = {"float32": ((), True), "float32, the slices apart (before)": ((), False),
+            "float16, Gaussian lattice": ((2,), True), "float16, both lattices": ((2, 5), True)}  # fmt: skip
+"""``--traffic``'s rows: the lattices (by their feature dimension d) whose values are stored in float16, and whether
+the two slices share a launch (:func:`iteration_traffic`)."""
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle")
 
 
@@ -120,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-only", action="store_true", help="only the CUDA table (make gpu-check)")
     parser.add_argument("--launches", action="store_true", help="only the operations per call, on the CPU")
     parser.add_argument("--memory", action="store_true", help="only the peak bytes per pixel, on the CPU")
+    parser.add_argument("--traffic", action="store_true", help="only the memory-bandwidth bound, on the CPU")
     parser.add_argument("--memory-size", type=int, nargs=2, default=(375, 500), metavar=("H", "W"))
     parser.add_argument("--peak", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -132,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.memory:
         memory_table(args, cfg)
+        return 0
+    if args.traffic:
+        traffic_table(args, cfg)
         return 0
     import torch
 
@@ -184,11 +203,14 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     from wsss.utils.allocations import peak_allocated
 
     print(f"\nCUDA: {torch.cuda.get_device_name()}")
-    print("| case | batch | infer.crf.kernel | ms/image | images/s | peak CUDA MiB | bound MiB | images per run |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | batch | infer.crf.kernel | ms/image | images/s | peak CUDA MiB | bound MiB | images per run "
+          "| traffic bound ms/image |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for name in args.cases:
+        # the i-th image is photograph i % 5 (its lattices; the probabilities change none of the traffic)
+        per_photo = [image_traffic(cfg, i, p) for i, p in zip(*case_inputs(name, len(PHOTOS)), strict=True)]
         for batch_size in args.cuda_batches:
             images, probs = case_inputs(name, batch_size)
+            traffic = sum(per_photo[k % len(PHOTOS)] for k in range(batch_size)) / batch_size
             tensors = [torch.from_numpy(p).cuda() for p in probs]
             for kernel in args.cuda_kernels:
                 run_cfg = replace(cfg, kernel=kernel)
@@ -207,7 +229,123 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                               for run in runs)  # fmt: skip
                 bound = largest + sum(t.numel() * 4 for t in tensors)
                 print(f"| {name} | {batch_size} | {kernel} | {ms:.2f} | {1000 / ms:.1f} | {peak / 2**20:.0f} | "
-                      f"{bound / 2**20:.0f} | {max(len(run) for run in runs)} |", flush=True)  # fmt: skip
+                      f"{bound / 2**20:.0f} | {max(len(run) for run in runs)} | {traffic / HBM * 1000:.2f} |",
+                      flush=True)  # fmt: skip
+
+
+def iteration_traffic(pixels: int, lattices: list[tuple[int, int]], classes: int, half: tuple[int, ...] = (),
+                      paired: bool = True) -> int:  # fmt: skip
+    """The fewest bytes one mean-field iteration of an image's ``pixels`` moves on the Triton kernels' path
+    (:mod:`wsss.inference.crf.kernels`), each value read and written once per product (every gather a cache hit) and
+    each index at 4 bytes. Per lattice of ``(M, d)`` in ``lattices`` (its points, its feature dimension): the splat
+    reads the (N, C) marginals and its CSR matrix (N (d+1) columns and weights, M + 1 row offsets) and writes the
+    (M, C) lattice values; each of the d + 1 blurs reads them and the 2 M neighbours and writes them; the slice reads
+    them and its matrix (N (d+1) entries, N + 1 offsets). The slices read the (N, C) base (the prior, or the message)
+    and write (N, C): once for both lattices when ``paired`` (:func:`wsss.inference.crf.permutohedral.
+    filter_pair_fused`), else once each. A lattice value is float32, or float16 where its d is in ``half``."""
+    n, c = pixels, classes
+    traffic = 2 * n * c * 4 * (1 if paired else len(lattices))
+    for m, d in lattices:
+        values = n * c * 4 + (2 * (d + 1) + 2) * m * c * (2 if d in half else 4)
+        indices = 2 * n * (d + 1) * 8 + (m + 1 + n + 1) * 4 + (d + 1) * 2 * m * 4
+        traffic += values + indices
+    return traffic
+
+
+def lattice_sizes(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(N, M, d)`` of each lattice a CRF call on the image builds (its pixels, lattice points, feature dimension):
+    the lattices themselves, built as the call builds them (a call of 0 iterations on the CPU)."""
+    import torch
+
+    from wsss.inference import crf
+
+    sizes, build = [], crf.build_lattice
+
+    def recording(features, *args, **kwargs):
+        lattice = build(features, *args, **kwargs)
+        sizes.append((features.shape[0], lattice.points, features.shape[1]))
+        return lattice
+
+    crf.build_lattice = recording
+    try:
+        crf.dense_crf(image, torch.from_numpy(probs), replace(cfg, iterations=0, kernel="torch"))
+    finally:
+        crf.build_lattice = build
+    return sizes
+
+
+def image_traffic(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, half: tuple[int, ...] = (),
+                  paired: bool = True) -> int:  # fmt: skip
+    """Bytes a CRF call of ``cfg.iterations`` moves at best for one image (:func:`iteration_traffic` of the lattices it
+    builds)."""
+    sizes = lattice_sizes(cfg, image, probs)
+    return cfg.iterations * iteration_traffic(sizes[0][0], [(m, d) for _, m, d in sizes], probs.shape[0], half,
+                                              paired)  # fmt: skip
+
+
+def half_storage(half: tuple[int, ...]):
+    """A :meth:`~wsss.inference.crf.permutohedral.Lattice.filter` (the PyTorch path's) that rounds each product's
+    lattice values to float16 in the lattices of feature dimension in ``half``: float16 storage, float32 sums."""
+    from wsss.inference.crf.permutohedral import Lattice, workspace_for
+
+    exact = Lattice.filter
+
+    def rounded(self, values, add_to=None, workspace=None):
+        if len(self.blur) - 1 not in half:
+            return exact(self, values, add_to, workspace)
+        if workspace is None:
+            workspace = workspace_for([self], values.shape[1], values.dtype, values.device)
+        current, spare = workspace[0, : self.points + 1], workspace[1, : self.points + 1]
+        current.addmm_(self.splat, values, beta=0).copy_(current.half())
+        for blur in self.blur:
+            spare.addmm_(blur, current, beta=0).copy_(spare.half())
+            current, spare = spare, current
+        if add_to is None:
+            add_to = values.new_zeros(values.shape)
+        return add_to.addmm_(self.slice, current)
+
+    return rounded
+
+
+def traffic_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
+    import importlib.util
+
+    import torch
+
+    from wsss.inference.crf import _pydensecrf, dense_crf
+    from wsss.inference.crf.permutohedral import Lattice
+
+    torch.set_num_threads(args.cores)
+    have_reference = importlib.util.find_spec("pydensecrf") is not None
+    print(f"{args.images} photographs per case, {cfg.iterations} iterations, H100 HBM {HBM / 1e12:.2f} TB/s; the "
+          "distance of the marginals (largest) and labels from pydensecrf's, the PyTorch path's products")  # fmt: skip
+    print("| case | lattice values | lattice points per pixel (Gaussian, bilateral) | MB per image | bound ms/image "
+          "| bound images/s | goal images/s | goal / bound | marginals off pydensecrf | labels equal % |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    exact = Lattice.filter
+    for name in args.cases:
+        images, probs = case_inputs(name, args.images)
+        points = [[m / n for n, m, _ in lattice_sizes(cfg, i, p)] for i, p in zip(images, probs, strict=True)]
+        spans = ", ".join(f"{min(col):.2f}-{max(col):.2f}" for col in zip(*points, strict=True))
+        references = [_pydensecrf(i, p, cfg) for i, p in zip(images, probs, strict=True)] if have_reference else []
+        for variant, (half, paired) in VARIANTS.items():
+            traffic = sum(image_traffic(cfg, i, p, half, paired) for i, p in zip(images, probs, strict=True))
+            traffic /= len(images)
+            off, equal = float("nan"), float("nan")
+            if references and paired:  # the same sums either way
+                Lattice.filter = half_storage(half)
+                try:
+                    q = [dense_crf(i, torch.from_numpy(p), replace(cfg, kernel="torch")).numpy()
+                         for i, p in zip(images, probs, strict=True)]  # fmt: skip
+                finally:
+                    Lattice.filter = exact
+                off = max(float(np.abs(a - b).max()) for a, b in zip(q, references, strict=True))
+                equal = 100 * np.mean([(a.argmax(0) == b.argmax(0)).mean() for a, b in zip(q, references, strict=True)])
+            ms = traffic / HBM * 1000
+            goal = GOALS.get(name)
+            print(f"| {name} | {variant} | {spans} | {traffic / 1e6:.0f} | {ms:.2f} | {1000 / ms:.0f} | "
+                  f"{goal or '-'} | {f'{goal * ms / 1000:.2f}' if goal else '-'} | {off:.1e} | {equal:.4f} |",
+                  flush=True)  # fmt: skip
 
 
 def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iterations: int = 2) -> tuple[int, float]:

@@ -36,9 +36,9 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
     """``(name, kernel, signature, constexprs, options)`` as the training step and the dense CRF launch them (options:
     ``num_warps``, and ``num_stages`` and ``maxnreg`` where the launch sets them): the energy's 21 classes (K padded to
     32, two halves) at its default blocks and in each of its autotuner's configurations, PAR's 48 neighbours and up to
-    16 channels per program, the CRF's products at 21 classes (the blurs' tile) and 81 (the last slice's softmax over a
-    128-wide row), the pseudo-label export's three stacks of 4 and 21 classes (a softmax per stack), its simplices of
-    the Gaussian kernel's 2-d and the bilateral's 5-d features."""
+    16 channels per program, the CRF's splat at 21 classes (the blurs' tile) and its two slices in one launch at 21 and
+    81 classes (the softmax over a 32- and a 128-wide row), the pseudo-label export's three stacks of 4 and 21 classes
+    (a softmax per stack), its simplices of the Gaussian kernel's 2-d and the bilateral's 5-d features."""
     e, p, c = energy_kernel, par_kernel, crf_kernels
     energy = {"feat_ptr": "*fp32", "val_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "D": "constexpr",
               "K2": "constexpr", "BLOCK_ROWS": "constexpr", "BLOCK_COLS": "constexpr"}  # fmt: skip
@@ -48,15 +48,18 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
     propagate = {"masks_ptr": "*fp32", "affinity_ptr": "*fp32", "dy_ptr": "*i32", "dx_ptr": "*i32", "out_ptr": "*fp32",
                  "height": "i32", "width": "i32", "channels": "i32", "K": "constexpr", "BLOCK": "constexpr",
                  "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
-    product = {"crow_ptr": "*i32", "col_ptr": "*i32", "val_ptr": "*fp32", "x_ptr": "*fp32", "base_ptr": "*fp32",
-               "out_ptr": "*fp32", "live_ptr": "*i64", "rows": "i32", "channels": "i32", "HAS_BASE": "constexpr",
-               "HAS_LIVE": "constexpr", "SOFTMAX": "constexpr", "GROUPS": "constexpr", "BLOCK_ROWS": "constexpr",
-               "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
-    # the CRF's slices (a base, a softmax of 81 classes or of stacks), and the energy lattice's splat (its live rows)
+    product = {"crow_ptr": "*i32", "col_ptr": "*i32", "val_ptr": "*fp32", "x_ptr": "*fp32", "crow2_ptr": "*i32",
+               "col2_ptr": "*i32", "val2_ptr": "*fp32", "x2_ptr": "*fp32", "base_ptr": "*fp32", "out_ptr": "*fp32",
+               "live_ptr": "*i64", "rows": "i32", "channels": "i32", "HAS_BASE": "constexpr",
+               "HAS_SECOND": "constexpr", "HAS_LIVE": "constexpr", "SOFTMAX": "constexpr", "GROUPS": "constexpr",
+               "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
+    # the CRF's splat at 21 classes, its two slices in one (the prior, a softmax of 21 or 81 classes or of stacks),
+    # and the energy lattice's splat (its live rows)
     crf = [dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(channels, softmax), strict=True))
-           | {"SOFTMAX": softmax, "GROUPS": groups, "HAS_BASE": not live, "HAS_LIVE": live}
-           for channels, softmax, groups, live in ((21, False, 1, False), (81, True, 1, False), (12, True, 3, False),
-                                                   (63, True, 3, False), (21, False, 1, True))]  # fmt: skip
+           | {"SOFTMAX": softmax, "GROUPS": groups, "HAS_BASE": softmax, "HAS_SECOND": softmax, "HAS_LIVE": live}
+           for channels, softmax, groups, live in ((21, False, 1, False), (21, True, 1, False), (81, True, 1, False),
+                                                   (12, True, 3, False), (63, True, 3, False),
+                                                   (21, False, 1, True))]  # fmt: skip
     blur = {"neighbour_ptr": "*i32", "second": "i32", "x_ptr": "*fp32", "out_ptr": "*fp32", "live_ptr": "*i64",
             "rows": "i32", "channels": "i32", "HAS_LIVE": "constexpr", "BLOCK_ROWS": "constexpr",
             "BLOCK_CHANNELS": "constexpr"}  # fmt: skip

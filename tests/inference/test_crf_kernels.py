@@ -204,6 +204,38 @@ def test_the_blur_kernel_refuses_what_it_cannot_read():
                            permutohedral.workspace_for([plain], 1, torch.float32, DEVICE))  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("channels", "softmax", "groups"), [(1, False, 1), (21, True, 1), (12, True, 3), (40, False, 1)]
+)
+def test_the_two_slices_in_one_launch_are_the_two_launches_exactly(channels, softmax, groups):
+    """``filter_pair_fused`` (the mean-field's two kernels' slices in one launch, the message never stored) gives the
+    bits of the two ``filter_fused`` calls one after the other, with either lattice the larger (the workspace's
+    layout spreads them in either order) and values in both (NaN where no lattice value is written)."""
+    pairs = [(pixel_features(9, 11, 1.0), pixel_features(9, 11, 3.0, 5.0, seed=4)),  # more colour points
+             (pixel_features(9, 11, 0.5), pixel_features(9, 11, 100.0, 1000.0, seed=5))]  # more position points
+    orders = set()
+    for gaussian, bilateral in pairs:
+        lattices = tuple(permutohedral.build_lattice(f.to(DEVICE), reference_padding=True, fused=True)
+                         for f in (gaussian, bilateral))  # fmt: skip
+        g = torch.Generator().manual_seed(channels)
+        values = torch.rand(99, channels, generator=g).to(DEVICE)
+        base = torch.randn(99, channels, generator=g).to(DEVICE)
+        workspace = permutohedral.workspace_for(list(lattices), channels, torch.float32, DEVICE)
+        message = lattices[0].filter_fused(values, torch.empty_like(values), workspace, base=base)
+        want = lattices[1].filter_fused(values, torch.empty_like(values), workspace, base=message, softmax=softmax,
+                                        groups=groups)  # fmt: skip
+        pair = permutohedral.pair_workspace(lattices, channels, torch.float32, DEVICE).fill_(float("nan"))
+        got = permutohedral.filter_pair_fused(lattices, values, torch.empty_like(values), pair, base=base,
+                                              softmax=softmax, groups=groups)  # fmt: skip
+        if kernels.is_interpreted():
+            assert torch.equal(got, want)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # compiled: fused multiply-adds may differ
+        rows = [lattice.points + 1 for lattice in lattices]
+        assert pair.shape[0] == min(rows[i] + max(rows[i], 2 * rows[1 - i]) for i in (0, 1))
+        orders.add(permutohedral._pair_layout(lattices)[0])
+    assert orders == {(0, 1), (1, 0)}
+
+
 def images_and_probs(sizes, classes, seed=0):
     g = torch.Generator().manual_seed(seed)
     images = [torch.randint(0, 256, (*size, 3), generator=g, dtype=torch.uint8).numpy() for size in sizes]
@@ -232,8 +264,9 @@ def test_the_mean_field_equals_the_pytorch_products(sizes, classes, changes):
 
 
 def test_each_product_runs_in_the_kernel(monkeypatch):
-    """13 launches per iteration of the paper's CRF (a splat, 3 + 6 blurs, a slice per lattice; the last slice takes
-    the softmax) and 13 for the kernels' normalisation; no PyTorch sparse product, one softmax apart (the prior's)."""
+    """12 launches per iteration of the paper's CRF (a splat and 3 + 6 blurs per lattice, both slices in one launch
+    that takes the softmax) and 13 for the kernels' normalisation; no PyTorch sparse product, one softmax apart (the
+    prior's)."""
     launches, softmaxes = [], []
     product, blur, softmax = kernels.product, kernels.blur, crf_module._softmax
 
@@ -254,7 +287,7 @@ def test_each_product_runs_in_the_kernel(monkeypatch):
     monkeypatch.setattr(permutohedral.Lattice, "filter", refused)
     images, probs = images_and_probs([(5, 6)], 21)
     dense_crf_batch(images, probs, CrfConfig(iterations=3, kernel="fused"))
-    assert len(launches) == 13 + 3 * 13 and launches.count("blur") == 4 * 9
+    assert len(launches) == 13 + 3 * 12 and launches.count("blur") == 4 * 9
     assert launches.count("softmax") == 3 and launches[-1] == "softmax"
     assert len(softmaxes) == 1
 
@@ -281,7 +314,7 @@ def test_the_kernels_path_holds_no_more_memory_than_its_estimate(size, images, c
         pixels, classes, True), peak / pixels
 
 
-CALL_OPERATIONS = {"torch": (482, 15), "fused": (197, 13)}
+CALL_OPERATIONS = {"torch": (482, 15), "fused": (197, 12)}
 """Operations a CRF call dispatches (each Triton launch one; ``bench/bench_crf.py --launches``, docs/benchmarks.md):
 to build the lattices and normalise the kernels, and per mean-field iteration, at 21 classes."""
 
@@ -306,8 +339,8 @@ def test_a_crf_call_dispatches_no_more_operations_than_counted(kernel, monkeypat
 
 
 def test_the_stacks_softmax_is_taken_in_the_last_slice(monkeypatch):
-    """The export's three stacks (crf_labels_stacked): an iteration is the 13 launches of one map, each stack's
-    softmax in the last slice's program, not apart."""
+    """The export's three stacks (crf_labels_stacked): an iteration is the 12 launches of one map, each stack's
+    softmax in the slices' program, not apart."""
     skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the photographs (dev requirement)")
     image = np.ascontiguousarray(skimage_data.astronaut()[100:124:2, 200:232:2])
     probs = torch.from_numpy(smooth_probs(image.shape[:2], 21, seed=5, cell=4)).to(DEVICE).view(3, 7, 12, 16)

@@ -67,9 +67,12 @@ KERNEL_BYTES_PER_PIXEL = 1536
 to 1,424 for smaller ones (a batch of 8 of 64 x 48); the lattices with their neighbours instead of blur matrices,
 no sparse library's buffers. Measured on the CPU with the simplices kernel interpreted (``bench/bench_crf.py
 --memory``; tests/inference/test_crf_kernels.py measures it on a GPU where one is present)."""
-KERNEL_BYTES_PER_PIXEL_AND_CLASS = 60
-"""And per pixel and class: the marginals, the message, the unary and the two lattice-sized buffers (about five
-lattice points per pixel on noise): 4,441 B at 81 classes for 500 x 375, up to 5,318 for 16 images of 32 x 24."""
+KERNEL_BYTES_PER_PIXEL_AND_CLASS = 56
+"""And per pixel and class: the marginals, the unary and the lattice values (about five lattice points per pixel on
+noise): 4,117 B at 81 classes for 500 x 375, up to 5,099 for 16 images of 32 x 24."""
+KERNEL_MESSAGE_BYTES = 4
+"""And per pixel and class where the slices cannot take the softmax (more channels than one program holds,
+``kernels.SOFTMAX_CHANNELS``): the message, which the slices then write before the softmax reads it."""
 CPU_RUN_PIXELS = 2**16
 """On the CPU a mean-field run holds images of at most this many pixels in all (larger images run one by one): one
 lattice over many large images loses the cache, with nothing to gain where no kernel launch is saved (5 photographs
@@ -77,7 +80,7 @@ of 500 x 375, 21 classes, one thread: 0.76 images/s in one run against 1.24 one 
 
 __all__ = [
     "BYTES_PER_PIXEL", "BYTES_PER_PIXEL_AND_CLASS", "CPU_RUN_PIXELS", "CrfPool", "KERNEL_BYTES_PER_PIXEL",
-    "KERNEL_BYTES_PER_PIXEL_AND_CLASS", "NORM_EPS", "UNARY_CLIP", "estimated_bytes",
+    "KERNEL_BYTES_PER_PIXEL_AND_CLASS", "KERNEL_MESSAGE_BYTES", "NORM_EPS", "UNARY_CLIP", "estimated_bytes",
     "crf_labels", "crf_labels_stacked", "dense_crf", "dense_crf_batch", "uses_kernels", "working_size",
 ]  # fmt: skip
 
@@ -199,7 +202,8 @@ def estimated_bytes(pixels: int, classes: int, fused: bool) -> int:
     module docstring): with ``fused`` (the Triton kernels' path, :func:`uses_kernels`) its allocator's peak, else the
     PyTorch path's peak RSS."""
     if fused:
-        return pixels * (KERNEL_BYTES_PER_PIXEL + KERNEL_BYTES_PER_PIXEL_AND_CLASS * classes)
+        message = KERNEL_MESSAGE_BYTES if classes > permutohedral.kernels.SOFTMAX_CHANNELS else 0
+        return pixels * (KERNEL_BYTES_PER_PIXEL + (KERNEL_BYTES_PER_PIXEL_AND_CLASS + message) * classes)
     return pixels * (BYTES_PER_PIXEL + BYTES_PER_PIXEL_AND_CLASS * classes)
 
 
@@ -319,27 +323,33 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
                if compat != 0]  # fmt: skip
     del features_g, features_b  # not held through the iterations
     prior = unary.view(unary.shape[0], -1).neg_()  # -unary, in its buffer
-    # every buffer made once: a fresh one per product or iteration costs its page faults on the CPU (Lattice.filter)
-    workspace = workspace_for(kernels, prior.shape[1], dtype, device) if kernels else None
     q, message = torch.empty_like(prior), prior.clone()
     _softmax(message.view(-1, classes), q.view(-1, classes))  # each stack on its own
-    # fused: message = prior + each kernel's filter in one launch per product, and the last slice takes the softmax
-    # (of each stack) into q where one program holds a row's classes
+    # fused: message = prior + the kernels' filters in one launch per product (both slices in one), and the slice
+    # takes the softmax (of each stack) into q where one program holds a row's classes: no message stored
     fused = fused and bool(kernels)
     fused_softmax = fused and prior.shape[1] <= permutohedral.kernels.SOFTMAX_CHANNELS
-    for _ in range(cfg.iterations):
-        if not fused:
+    if fused_softmax:
+        message = None
+    sliced = q if fused_softmax else message
+    # every buffer made once: a fresh one per product or iteration costs its page faults on the CPU (Lattice.filter)
+    if fused and len(kernels) == 2:
+        workspace = permutohedral.pair_workspace((kernels[0], kernels[1]), prior.shape[1], dtype, device)
+    else:
+        workspace = workspace_for(kernels, prior.shape[1], dtype, device) if kernels else None
+    for _ in range(cfg.iterations):  # no name left holding a lattice after the loop (the del below)
+        if fused and len(kernels) == 2:
+            permutohedral.filter_pair_fused((kernels[0], kernels[1]), q, sliced, workspace, base=prior,
+                                            softmax=fused_softmax, groups=stacks)  # fmt: skip
+        elif fused:
+            kernels[0].filter_fused(q, sliced, workspace, base=prior, softmax=fused_softmax, groups=stacks)
+        else:
             message.copy_(prior)
-        for k in range(len(kernels)):  # no name left holding a lattice after the loop (the del below)
-            if fused:
-                last = fused_softmax and k == len(kernels) - 1
-                kernels[k].filter_fused(q, q if last else message, workspace, base=message if k else prior,
-                                        softmax=last, groups=stacks)  # fmt: skip
-            else:
+            for k in range(len(kernels)):
                 kernels[k].filter(q, add_to=message, workspace=workspace)
         if not fused_softmax:
             _softmax(message.view(-1, classes), q.view(-1, classes))  # each stack on its own
-    del kernels, workspace, message, prior, unary  # before the images' marginals are copied out of q
+    del kernels, workspace, message, sliced, prior, unary  # before the images' marginals are copied out of q
     out, rows, q = [], 0, q.view(-1, stacks, classes)
     for p in probs:
         c, h, w = p.shape

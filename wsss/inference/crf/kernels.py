@@ -7,11 +7,12 @@ product of a CSR matrix with a dense (rows, C) block. On a GPU PyTorch runs each
 allocates its buffer at every call, and the mean-field adds a copy of the prior before the slices and a softmax after
 them. :func:`product` is the splat and the slice in one kernel: a program holds a tile of ``BLOCK_ROWS`` rows and
 ``BLOCK_CHANNELS`` channels, walks each row's entries in their stored order (from 0, as a CSR product sums), adds
-``base`` and, when asked, takes the softmax of each row. :func:`blur` is one direction's blur read from the lattice
-points' two neighbours themselves (the lattice keeps them instead of a matrix per direction: 8 bytes per point
-instead of 28, and no matrix to build), summed as the matrix's product sums. One iteration of the paper's CRF is 13
-launches (a splat, 3 + 6 blurs and a slice per lattice, the first slice adding the prior, the last taking the
-softmax: of each stack on its own for the pseudo-label export's stacks), each reading each value once.
+``base`` and a second matrix's product when asked (the mean-field's two slices in one pass) and takes the softmax of
+each row when asked. :func:`blur` is one direction's blur read from the lattice points' two neighbours themselves
+(the lattice keeps them instead of a matrix per direction: 8 bytes per point instead of 28, and no matrix to build),
+summed as the matrix's product sums. One iteration of the paper's CRF is 12 launches (a splat and 3 + 6 blurs per
+lattice, then both slices in one launch that adds the prior and takes the softmax: of each stack on its own for the
+pseudo-label export's stacks), each reading each value once.
 
 :func:`simplices` elevates the features and finds each point's enclosing simplex and barycentric weights, the
 construction's first steps, in one launch where PyTorch dispatches about 80 operations per lattice; it computes them
@@ -60,24 +61,9 @@ def _live_rows(rows, live_ptr, HAS_LIVE: tl.constexpr):
 
 
 @triton.jit
-def _product_kernel(
-    crow_ptr, col_ptr, val_ptr, x_ptr, base_ptr, out_ptr, live_ptr, rows, channels,
-    HAS_BASE: tl.constexpr, HAS_LIVE: tl.constexpr, SOFTMAX: tl.constexpr, GROUPS: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
-):  # fmt: skip
-    """``out[r] = softmax?(base[r] + sum_e val[e] x[col[e]])`` over the entries ``e`` of CSR row ``r`` in order; the
-    softmax of each of ``GROUPS`` equal groups of a row's channels on its own.
-
-    ``crow_ptr``: ``(rows + 1,)`` row offsets; ``col_ptr``, ``val_ptr``: the entries' columns and float32 values;
-    ``x_ptr``: ``(*, channels)`` float32; ``base_ptr``, ``out_ptr``: ``(rows, channels)`` float32 (``base_ptr`` may
-    be ``out_ptr``: each value is read before the program writes it); ``live_ptr``: with ``HAS_LIVE``, the rows
-    past ``1 + *live_ptr`` are left as they are (:func:`_live_rows`). Grid: (row blocks, channel blocks).
-    """
-    rows = _live_rows(rows, live_ptr, HAS_LIVE)
-    r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    r_ok = r < rows
-    c = tl.program_id(1) * BLOCK_CHANNELS + tl.arange(0, BLOCK_CHANNELS)
-    c_ok = c < channels
+def _row_sums(crow_ptr, col_ptr, val_ptr, x_ptr, r, r_ok, c, c_ok, channels,
+              BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr):  # fmt: skip
+    """``sum_e val[e] x[col[e]]`` over the entries ``e`` of each CSR row ``r``, in their stored order from 0."""
     start = tl.load(crow_ptr + r, mask=r_ok, other=0)
     count = tl.load(crow_ptr + r + 1, mask=r_ok, other=0) - start
     acc = tl.zeros((BLOCK_ROWS, BLOCK_CHANNELS), dtype=tl.float32)
@@ -87,10 +73,39 @@ def _product_kernel(
         val = tl.load(val_ptr + start + k, mask=entry_ok, other=0.0)
         x = tl.load(x_ptr + col[:, None] * channels + c[None, :], mask=entry_ok[:, None] & c_ok[None, :], other=0.0)
         acc += val[:, None] * x
+    return acc
+
+
+@triton.jit
+def _product_kernel(
+    crow_ptr, col_ptr, val_ptr, x_ptr, crow2_ptr, col2_ptr, val2_ptr, x2_ptr, base_ptr, out_ptr, live_ptr, rows,
+    channels, HAS_BASE: tl.constexpr, HAS_SECOND: tl.constexpr, HAS_LIVE: tl.constexpr, SOFTMAX: tl.constexpr,
+    GROUPS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
+):  # fmt: skip
+    """``out[r] = softmax?((base[r] + sum_e val[e] x[col[e]]) + sum_e val2[e] x2[col2[e]])`` over the entries ``e``
+    of CSR row ``r`` of each matrix in order, each sum from 0 (the second with ``HAS_SECOND``: two products in one
+    pass, rounded as the two products one after the other); the softmax of each of ``GROUPS`` equal groups of a
+    row's channels on its own.
+
+    ``crow_ptr``: ``(rows + 1,)`` row offsets; ``col_ptr``, ``val_ptr``: the entries' columns and float32 values;
+    ``x_ptr``: ``(*, channels)`` float32; the same for the second matrix; ``base_ptr``, ``out_ptr``: ``(rows,
+    channels)`` float32 (``base_ptr`` may be ``out_ptr``: each value is read before the program writes it);
+    ``live_ptr``: with ``HAS_LIVE``, the rows past ``1 + *live_ptr`` are left as they are (:func:`_live_rows`).
+    Grid: (row blocks, channel blocks).
+    """
+    rows = _live_rows(rows, live_ptr, HAS_LIVE)
+    r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    r_ok = r < rows
+    c = tl.program_id(1) * BLOCK_CHANNELS + tl.arange(0, BLOCK_CHANNELS)
+    c_ok = c < channels
+    acc = _row_sums(crow_ptr, col_ptr, val_ptr, x_ptr, r, r_ok, c, c_ok, channels, BLOCK_ROWS, BLOCK_CHANNELS)
     tile = r.to(tl.int64)[:, None] * channels + c[None, :]
     tile_ok = r_ok[:, None] & c_ok[None, :]
     if HAS_BASE:
         acc = tl.load(base_ptr + tile, mask=tile_ok, other=0.0) + acc
+    if HAS_SECOND:
+        acc = acc + _row_sums(crow2_ptr, col2_ptr, val2_ptr, x2_ptr, r, r_ok, c, c_ok, channels, BLOCK_ROWS,
+                              BLOCK_CHANNELS)  # fmt: skip
     if SOFTMAX:  # the program holds every channel of its rows
         acc = tl.where(c_ok[None, :], acc, float("-inf"))
         if GROUPS == 1:
@@ -228,8 +243,10 @@ def blocks(channels: int, softmax: bool) -> tuple[int, int]:
 
 
 def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = None, softmax: bool = False,
-            groups: int = 1, live: Tensor | None = None) -> Tensor:  # fmt: skip
-    """``out = base + matrix @ values``, and the softmax of each row of it with ``softmax``, in one launch.
+            groups: int = 1, live: Tensor | None = None,
+            second: tuple[Tensor, Tensor] | None = None) -> Tensor:  # fmt: skip
+    """``out = base + matrix @ values`` (``+ matrix2 @ values2``, ``second``), and the softmax of each row of it with
+    ``softmax``, in one launch.
 
     Args:
         matrix: ``(R, K)`` float32 sparse CSR matrix (int32 or int64 indices).
@@ -241,30 +258,37 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
             stacks of :func:`wsss.inference.crf.crf_labels_stacked`).
         live: A lattice's :attr:`~wsss.inference.crf.permutohedral.Lattice.live` (a (1,) integer tensor): only
             ``out``'s rows 0 to ``live`` are computed, the others left as they are; None: every row.
+        second: ``(matrix2, values2)``, as ``matrix`` and ``values``, whose product is added after ``base``: the
+            mean-field's two slices in one pass, each value of ``out`` the float32 sum the two products would give
+            one after the other (and ``base`` read and ``out`` written once instead of twice).
 
     Returns:
         ``out``.
     """
-    dense = [values, out] + ([] if base is None else [base])
-    tensors = [matrix, *dense] + ([] if live is None else [live])
-    _check(tensors)
+    pairs = [(matrix, values)] + ([] if second is None else [second])
+    dense = [out, *(v for _, v in pairs)] + ([] if base is None else [base])
+    _check([*(m for m, _ in pairs), *dense] + ([] if live is None else [live]))
     rows, channels = out.shape
-    if values.shape[0] < matrix.shape[1] or values.shape[1] != channels or matrix.shape[0] != rows:
-        raise ValueError(f"the CRF kernel cannot take {tuple(matrix.shape)} @ {tuple(values.shape)} into "
-                         f"{tuple(out.shape)}")  # fmt: skip
+    for m, v in pairs:
+        if v.shape[0] < m.shape[1] or v.shape[1] != channels or m.shape[0] != rows:
+            raise ValueError(f"the CRF kernel cannot take {tuple(m.shape)} @ {tuple(v.shape)} into "
+                             f"{tuple(out.shape)}")  # fmt: skip
     if softmax and channels > SOFTMAX_CHANNELS:
         raise ValueError(f"the CRF kernel takes the softmax of at most {SOFTMAX_CHANNELS} channels, got {channels}")
     if softmax and (groups < 1 or channels % groups):
         raise ValueError(f"the CRF kernel cannot split {channels} channels into {groups} equal groups")
-    if not all(t.dtype == torch.float32 and t.is_contiguous() for t in dense) or matrix.dtype != torch.float32:
+    if not all(t.dtype == torch.float32 and t.is_contiguous() for t in dense) or any(
+            m.dtype != torch.float32 for m, _ in pairs):  # fmt: skip
         raise ValueError("the CRF kernel needs float32 values and contiguous dense blocks")
     if rows and channels:
         block_rows, block_channels = blocks(channels, softmax)
         grid = (triton.cdiv(rows, block_rows), triton.cdiv(channels, block_channels))
+        m2, v2 = pairs[-1]  # the first again when there is no second: not read
         _product_kernel[grid](matrix.crow_indices(), matrix.col_indices(), matrix.values(), values,
+                              m2.crow_indices(), m2.col_indices(), m2.values(), v2,
                               out if base is None else base, out, out if live is None else live, rows, channels,
-                              HAS_BASE=base is not None, HAS_LIVE=live is not None, SOFTMAX=softmax,
-                              GROUPS=groups if softmax else 1,  # one compiled product otherwise
+                              HAS_BASE=base is not None, HAS_SECOND=second is not None, HAS_LIVE=live is not None,
+                              SOFTMAX=softmax, GROUPS=groups if softmax else 1,  # one compiled product otherwise
                               BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels, num_warps=NUM_WARPS)  # fmt: skip
     return out
 

@@ -46,7 +46,7 @@ except ModuleNotFoundError as err:  # pragma: no cover - depends on the install
         raise
     kernels = None
 
-__all__ = ["FixedBox", "Lattice", "build_lattice", "fixed_box", "workspace_for"]
+__all__ = ["FixedBox", "Lattice", "build_lattice", "filter_pair_fused", "fixed_box", "pair_workspace", "workspace_for"]
 
 _CODE_BITS = 62
 """Keys pack into one int64 code when their coordinate ranges span fewer than 2 ** this many cells (else rows are
@@ -109,14 +109,21 @@ class Lattice:
         :func:`~wsss.inference.crf.kernels.blur`, float32, contiguous (N, C) blocks) on a lattice built for them
         (``fused=True``): ``out = base + filter(values)``, each row replaced by its softmax with ``softmax`` (of each
         of ``groups`` equal groups of its channels); ``d + 3`` launches."""
+        current = self.spread_fused(values, (workspace[0], workspace[1]))
+        return kernels.product(self.slice, current, out, base=base, softmax=softmax, groups=groups)
+
+    def spread_fused(self, values: Tensor, buffers: tuple[Tensor, Tensor]) -> Tensor:
+        """The splat and the blurs of :meth:`filter_fused`: the (``points`` + 1, C) lattice values to slice, in the
+        first of ``buffers`` (two (R, C) float32 blocks, R > ``points``, the second used between the blurs)."""
         if self.neighbours is None:
             raise RuntimeError("filter_fused needs a lattice built for the Triton kernels: build_lattice(fused=True)")
-        current, spare = workspace[0, : self.points + 1], workspace[1, : self.points + 1]
+        current, spare = buffers if len(self.neighbours) % 2 == 0 else buffers[::-1]  # the last blur's into the first
+        current, spare = current[: self.points + 1], spare[: self.points + 1]
         kernels.product(self.splat, values, current, live=self.live)
         for neighbours in self.neighbours:
             kernels.blur(neighbours, current, spare, live=self.live)
             current, spare = spare, current
-        return kernels.product(self.slice, current, out, base=base, softmax=softmax, groups=groups)
+        return current
 
     def scaled(self, outer: Tensor, inner: Tensor) -> Lattice:
         """The lattice whose :meth:`filter` gives ``outer * filter(inner * values)`` for (N, 1) ``outer`` and
@@ -309,6 +316,37 @@ def workspace_for(lattices: list[Lattice], columns: int, dtype: torch.dtype, dev
     values of one), zeros: it then only ever holds finite values, so a product with ``beta=0`` is right even on a
     sparse backend that would read its output (MKL does not: a workspace of NaN gives the same, tested)."""
     return torch.zeros(2, max(lattice.points for lattice in lattices) + 1, columns, dtype=dtype, device=device)
+
+
+def filter_pair_fused(lattices: tuple[Lattice, Lattice], values: Tensor, out: Tensor, workspace: Tensor,
+                      base: Tensor, softmax: bool = False, groups: int = 1) -> Tensor:  # fmt: skip
+    """``out = (base + lattices[0].filter(values)) + lattices[1].filter(values)``, each row replaced by its softmax
+    with ``softmax`` (as :meth:`Lattice.filter_fused`), both slices in one launch: the same float32 sums as the two
+    :meth:`~Lattice.filter_fused` calls one after the other, with ``base`` read and ``out`` written once (the
+    mean-field's message is never stored). ``workspace``: :func:`pair_workspace`'s; ``d_0 + d_1 + 5`` launches."""
+    order, _ = _pair_layout(lattices)
+    held, rows = lattices[order[0]].points + 1, lattices[order[1]].points + 1
+    spread = {order[0]: lattices[order[0]].spread_fused(values, (workspace[:held], workspace[held : 2 * held]))}
+    buffers = (workspace[held : held + rows], workspace[held + rows : held + 2 * rows])
+    spread[order[1]] = lattices[order[1]].spread_fused(values, buffers)  # the first's values kept in rows :held
+    return kernels.product(lattices[0].slice, spread[0], out, base=base, softmax=softmax, groups=groups,
+                           second=(lattices[1].slice, spread[1]))  # fmt: skip
+
+
+def pair_workspace(lattices: tuple[Lattice, Lattice], columns: int, dtype: torch.dtype,
+                   device: torch.device) -> Tensor:  # fmt: skip
+    """The (R, ``columns``) workspace of :func:`filter_pair_fused`: one lattice's values held while the other is
+    splatted and blurred in two buffers of its own, the lattices spread in the order that needs fewer rows (with
+    many more colour points than positions, about as many rows as :func:`workspace_for`'s two buffers)."""
+    return torch.zeros(_pair_layout(lattices)[1], columns, dtype=dtype, device=device)
+
+
+def _pair_layout(lattices: tuple[Lattice, Lattice]) -> tuple[tuple[int, int], int]:
+    """The order :func:`filter_pair_fused` spreads ``lattices`` in, and the rows of its workspace: the first's
+    values (points + 1 rows) then two buffers of the second's, or of the first's while it is spread."""
+    rows = [lattice.points + 1 for lattice in lattices]
+    layouts = [((i, 1 - i), rows[i] + max(rows[i], 2 * rows[1 - i])) for i in (0, 1)]
+    return min(layouts, key=lambda layout: layout[1])
 
 
 def _elevation_scales(d: int) -> list[float]:

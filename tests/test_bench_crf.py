@@ -1,0 +1,58 @@
+"""bench/bench_crf.py --traffic: the CRF's memory-bandwidth bound from the lattices photographs make, and its rows
+(docs/benchmarks.md, "The CRF's traffic bound")."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+import bench_crf  # noqa: E402
+
+
+def test_the_traffic_bound_counts_each_product_once():
+    """One iteration over 10 pixels, 3 classes, a 2-d lattice of 7 points and a 5-d one of 4, product by product."""
+    n, c = 10, 3
+    want = 0
+    for m, d in ((7, 2), (4, 5)):
+        splat = n * c * 4 + n * (d + 1) * 8 + (m + 1) * 4 + m * c * 4  # the marginals, the matrix, the values
+        blurs = (d + 1) * (m * c * 4 + 2 * m * 4 + m * c * 4)  # the values read, the neighbours, the values written
+        slice_ = m * c * 4 + n * (d + 1) * 8 + (n + 1) * 4  # the values, the matrix
+        want += splat + blurs + slice_
+    base_and_out = 2 * n * c * 4
+    assert bench_crf.iteration_traffic(n, [(7, 2), (4, 5)], c) == want + base_and_out
+    assert bench_crf.iteration_traffic(n, [(7, 2), (4, 5)], c, paired=False) == want + 2 * base_and_out
+    half = bench_crf.iteration_traffic(n, [(7, 2), (4, 5)], c, half=(2,))
+    assert half == want + base_and_out - (2 * 3 + 2) * 7 * c * 2  # the 2-d lattice's values at 2 bytes
+
+
+def test_the_traffic_table_reads_the_lattices_a_call_builds():
+    pytest.importorskip("skimage")  # its photographs (a dev requirement)
+    pytest.importorskip("pydensecrf.densecrf", reason="pydensecrf2 (the CRF oracle) is a dev requirement")
+    image, probs = bench_crf.photographs((48, 64), 1)[0], bench_crf.probabilities((48, 64), 3, 0)
+    sizes = bench_crf.lattice_sizes(bench_crf.CrfConfig(), image, probs)
+    assert [d for _, _, d in sizes] == [2, 5] and all(n == 48 * 64 for n, _, _ in sizes)
+    assert all(0 < m < n * (d + 1) for n, m, d in sizes)
+    proc = subprocess.run([sys.executable, "bench/bench_crf.py", "--traffic", "--images", "1", "--cases", "voc21"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {row[1]: row for row in ([cell.strip() for cell in line.split("|")[1:-1]]
+                                    for line in proc.stdout.splitlines() if line.startswith("| voc21 |"))}  # fmt: skip
+    assert list(rows) == list(bench_crf.VARIANTS), proc.stdout
+    for name, (_, _, points, mb, ms, rate, goal, share, off, equal) in rows.items():
+        assert re.fullmatch(r"[\d.]+-[\d.]+, [\d.]+-[\d.]+", points)
+        assert float(ms) == pytest.approx(float(mb) * 1e6 / bench_crf.HBM * 1000, rel=0.01)
+        assert float(rate) == pytest.approx(1000 / float(ms), rel=0.01) and goal == "500"
+        assert float(share) == pytest.approx(500 * float(ms) / 1000, abs=0.01)
+        if name.startswith("float32"):  # the kernels' own sums: pydensecrf's marginals
+            assert name.endswith("(before)") or (float(off) < 1e-5 and float(equal) == 100.0)
+    mb = {name: float(row[3]) for name, row in rows.items()}
+    order = ["float32, the slices apart (before)", "float32", "float16, Gaussian lattice", "float16, both lattices"]
+    assert [mb[name] for name in order] == sorted(mb.values(), reverse=True), mb
+    assert float(rows["float16, both lattices"][8]) > 1e-4  # the rounding shows in the marginals
