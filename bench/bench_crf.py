@@ -207,7 +207,8 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
           "| traffic bound ms/image |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for name in args.cases:
         # the i-th image is photograph i % 5 (its lattices; the probabilities change none of the traffic)
-        per_photo = [image_traffic(cfg, i, p) for i, p in zip(*case_inputs(name, len(PHOTOS)), strict=True)]
+        per_photo = [call_traffic(lattice_sizes(cfg, i, p), p.shape[0], cfg.iterations)
+                     for i, p in zip(*case_inputs(name, len(PHOTOS)), strict=True)]  # fmt: skip
         for batch_size in args.cuda_batches:
             images, probs = case_inputs(name, batch_size)
             traffic = sum(per_photo[k % len(PHOTOS)] for k in range(batch_size)) / batch_size
@@ -274,13 +275,11 @@ def lattice_sizes(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray) -> list[
     return sizes
 
 
-def image_traffic(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, half: tuple[int, ...] = (),
-                  paired: bool = True) -> int:  # fmt: skip
-    """Bytes a CRF call of ``cfg.iterations`` moves at best for one image (:func:`iteration_traffic` of the lattices it
-    builds)."""
-    sizes = lattice_sizes(cfg, image, probs)
-    return cfg.iterations * iteration_traffic(sizes[0][0], [(m, d) for _, m, d in sizes], probs.shape[0], half,
-                                              paired)  # fmt: skip
+def call_traffic(sizes: list[tuple[int, int, int]], classes: int, iterations: int, half: tuple[int, ...] = (),
+                 paired: bool = True) -> int:  # fmt: skip
+    """Bytes a CRF call of ``iterations`` moves at best for one image whose lattices have ``sizes``
+    (:func:`lattice_sizes`): :func:`iteration_traffic`'s, that many times."""
+    return iterations * iteration_traffic(sizes[0][0], [(m, d) for _, m, d in sizes], classes, half, paired)
 
 
 def half_storage(half: tuple[int, ...]):
@@ -325,11 +324,13 @@ def traffic_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     exact = Lattice.filter
     for name in args.cases:
         images, probs = case_inputs(name, args.images)
-        points = [[m / n for n, m, _ in lattice_sizes(cfg, i, p)] for i, p in zip(images, probs, strict=True)]
+        sizes = [lattice_sizes(cfg, i, p) for i, p in zip(images, probs, strict=True)]
+        points = [[m / n for n, m, _ in lattices] for lattices in sizes]
         spans = ", ".join(f"{min(col):.2f}-{max(col):.2f}" for col in zip(*points, strict=True))
         references = [_pydensecrf(i, p, cfg) for i, p in zip(images, probs, strict=True)] if have_reference else []
+        classes = CASES[name][1]
         for variant, (half, paired) in VARIANTS.items():
-            traffic = sum(image_traffic(cfg, i, p, half, paired) for i, p in zip(images, probs, strict=True))
+            traffic = sum(call_traffic(lattices, classes, cfg.iterations, half, paired) for lattices in sizes)
             traffic /= len(images)
             off, equal = float("nan"), float("nan")
             if references and paired:  # the same sums either way

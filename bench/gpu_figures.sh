@@ -14,7 +14,7 @@
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
 #                          loop and the model alone, single scale, ms + flip, + CRF; at COCO size (81 classes, every
 #                          class: the reference) with the peak GPU memory of each mode;
-#   crf                    the CRF alone, both kernels, batch 1 and 16, with its peak CUDA memory;
+#   crf                    the CRF alone, both kernels, batch 1 and 16, with its peak CUDA memory and traffic bound;
 #   loader                 (not by default) the training loader alone on the GPU host's cores, 0-8 workers, against
 #                          what 30 it/s needs (bench/bench_loader.py), at most 120 s;
 #   export                 (not by default) the pseudo-label export (with and without --crf) and eval_cams --pseudo
