@@ -248,6 +248,24 @@ def test_a_score_on_the_gpu_names_its_float32_products(toy_checkpoint, tmp_path,
     assert json.loads(cam_file.read_text())["protocol"]["fp32_precision"] == trained == "ieee"  # (tiny_config's)
 
 
+def test_a_pseudo_label_export_records_its_float32_products_without_comparing_them(toy_checkpoint, tmp_path):
+    """The export's run.json records ``infer.fp32_precision`` where the CAM pass ran on a GPU (None on a CPU), as the
+    folder run's does, and never compares it: a resume with the other precision adds the rest of the masks."""
+    root, ckpt = toy_checkpoint
+    ids = [f"train_{i:05d}" for i in range(2)]
+    split = tmp_path / "split.txt"
+    out = tmp_path / "out"
+    for count, mode, device in ((1, "tf32", "cuda"), (2, "ieee", "cuda"), (2, "tf32", "cpu")):
+        split.write_text("\n".join(ids[:count]) + "\n")
+        cfg_options = {"par.kernel": "torch", "infer.crf.kernel": "torch", "infer.fp32_precision": mode}
+        export = ExportOptions(split=str(split), cfg_options=cfg_options, progress=False, num_workers=0)
+        with fake_cuda():
+            summary = export_pseudo_labels(ckpt, out, export, device)
+        assert summary.done == (1 if device == "cuda" else 0) and summary.existing == count - summary.done
+        run = json.loads((out / "run.json").read_text())
+        assert run["fp32_precision"] == (mode if device == "cuda" else None) and "mixed_with" not in run
+
+
 def test_the_evaluator_counts_on_cuda_as_on_the_cpu():
     """The torch path (off the CPU) against the numpy path, with ignored and out-of-range labels."""
     g = torch.Generator().manual_seed(0)

@@ -91,7 +91,7 @@ from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, remove_stale_
 from wsss.utils.folder_lock import hold_lock
 from wsss.utils.lifetime import die_with_parent
 from wsss.utils.startup import threads_beside
-from wsss.utils.tensors import fp32_precision, to_device
+from wsss.utils.tensors import fp32_precision, fp32_products, to_device
 
 __all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "PendingMasks", "export_pseudo_labels",
            "pseudo_masks", "submit_pseudo_masks"]
@@ -433,7 +433,7 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
         own = [(output, False), (output / SPLIT_DIR, False), *((output / d, True) for d in MASK_DIRS)]
         for folder, recursive in own:  # OUT's own folders only; before the barrier: no rank writes yet
             remove_stale_temporaries(folder, recursive)
-        _write_run_file(output, plan.settings, mixed, plan.checkpoint)
+        _write_run_file(output, plan.settings, mixed, plan.checkpoint, _recorded(cfg, device))
     barrier()
 
     sources = sorted((Source(i, dataset.image_path(i)) for i in dataset.ids), key=lambda s: s.rel)
@@ -451,7 +451,7 @@ def _run(plan: _Plan, opts: ExportOptions, device: str | torch.device) -> Export
     summary.exported = [mask_name(i) for i in exported]
     summary.existing = len(exported) - summary.done
     if mixed and summary.existing == 0 and _mask_files(output) == {f"{mask_name(i)}.png" for i in exported}:
-        _write_run_file(output, plan.settings, [], plan.checkpoint)  # every mask in OUT was made now: one kind again
+        _write_run_file(output, plan.settings, [], plan.checkpoint, _recorded(cfg, device))  # one kind again
     _write_merged(summary, dataset, cfg, plan.checkpoint, plan.split_file, exported)
     return summary
 
@@ -578,10 +578,17 @@ def _check_previous_settings(output: Path, settings: dict[str, Any], overwrite: 
     )
 
 
-def _write_run_file(output: Path, settings: dict[str, Any], mixed: list[str], checkpoint: str | Path) -> None:
-    """``run.json``: ``settings``, the checkpoint's path (for the reader; the digest is what is compared), and while
-    OUT may hold masks of other settings, which ones (``mixed_with``)."""
-    payload = {**settings, "checkpoint_path": os.path.realpath(checkpoint)}
+def _recorded(cfg: Config, device: str | torch.device) -> dict[str, Any]:
+    """What ``run.json`` records beside the settings and never compares: like the device itself, the GPU's float32
+    products move a few pixels at float rounding (docs/reference.md row 21), as the folder run's ``run.json``."""
+    return {"fp32_precision": fp32_products(cfg.infer.fp32_precision, device)}
+
+
+def _write_run_file(output: Path, settings: dict[str, Any], mixed: list[str], checkpoint: str | Path,
+                    recorded: dict[str, Any]) -> None:  # fmt: skip
+    """``run.json``: ``settings``, the checkpoint's path (for the reader; the digest is what is compared), ``recorded``
+    (:func:`_recorded`), and while OUT may hold masks of other settings, which ones (``mixed_with``)."""
+    payload = {**settings, "checkpoint_path": os.path.realpath(checkpoint), **recorded}
     payload = {**payload, "mixed_with": mixed} if mixed else payload
     with writing(output / "run.json"):
         atomic_write_text(output / "run.json", json.dumps(payload, indent=2) + "\n")
