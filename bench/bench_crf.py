@@ -30,7 +30,7 @@ image can have) and a photograph at ``--memory-size``, against the estimate ``in
 (``wsss.inference.crf``); the Triton path as on a GPU, its simplices kernel in Triton's interpreter and its
 products' launches skipped (they allocate nothing; 1 iteration: every buffer is made before the first).
 
-``--traffic``: the memory-bandwidth bound of the Triton kernels' mean-field (:func:`filter_traffic`: every value read
+``--traffic``: the memory-bandwidth bound of the Triton kernels' mean-field (:func:`iteration_traffic`: every value read
 and written once per product) from the lattices the case's photographs really make (their points per pixel, each
 built as a call builds them), in bytes per image and ms per image at an H100's HBM rate, against issue 37's goals;
 and, as it would be with the lattice values stored in float16 (each product still summing in float32: emulated on
