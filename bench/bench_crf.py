@@ -1,6 +1,7 @@
 """Dense CRF: the torch backend against the pydensecrf2 pool, same images, same cores, one process run.
 
     python bench/bench_crf.py [--images 6] [--cores 2] [--cases voc3 voc21 coco81] [--cuda-batches 1 16]
+                              [--cuda-blur-directions 1 2 3]
     python bench/bench_crf.py --launches [--cases ...]
     python bench/bench_crf.py --traffic [--images 5] [--cases ...]
 
@@ -16,13 +17,14 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
 - on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory of a call (above
   its inputs) against its bound (the largest run's estimate, which ``infer.crf.memory_mib`` holds, plus the
   marginals the call returns), with each of ``--cuda-kernels`` (``infer.crf.kernel``: PyTorch's sparse products, the
-  Triton kernels), the most images a run holds, and the batch's traffic bound (``--traffic``) in ms per image.
+  Triton kernels, a row for each of ``--cuda-blur-directions``: ``infer.crf.blur_directions``), the most images a
+  run holds, and the batch's traffic bound (``--traffic``) in ms per image.
 
 ``--launches``: the operations the host dispatches per CRF call, on the CPU (the Triton kernels in Triton's
 interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the
-kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice, on a
-photograph shrunk to 48 x 64 (the counts do not depend on the size); for 3 and 21 classes also three stacks of them
-(``crf_labels_stacked``, the pseudo-label export's call).
+kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice (the Triton
+kernels blurring 1, 2 and 3 directions per launch), on a photograph shrunk to 48 x 64 (the counts do not depend on
+the size); for 3 and 21 classes also three stacks of them (``crf_labels_stacked``, the pseudo-label export's call).
 
 ``--memory``: the most memory one CRF call holds, bytes per pixel, as the allocator counts it (on the CPU:
 :func:`wsss.utils.allocations.peak_allocated`), with each kernel choice, on colour noise (the most lattice points an
@@ -32,8 +34,9 @@ products' launches skipped (they allocate nothing; 1 iteration: every buffer is 
 
 ``--traffic``: the memory-bandwidth bound of the Triton kernels' mean-field (:func:`iteration_traffic`: every value read
 and written once per product) from the lattices the case's photographs really make (their points per pixel, each
-built as a call builds them), in bytes per image and ms per image at an H100's HBM rate, against issue 37's goals;
-and, as it would be with the lattice values stored in float16 (each product still summing in float32: emulated on
+built as a call builds them), in bytes per image and ms per image at an H100's HBM rate, against issue 37's goals,
+with the bytes the blurs gather from the caches (:func:`blur_gathers`); with 2 and 3 directions per blur launch; and,
+as it would be with the lattice values stored in float16 (each product still summing in float32: emulated on
 the CPU by rounding each product's output), the same bound and the marginals' and labels' distance from pydensecrf's.
 
 Prints a markdown table (docs/benchmarks.md, "Dense CRF").
@@ -59,10 +62,12 @@ CASES = {"voc3": ((375, 500), 3), "voc21": ((375, 500), 21), "coco81": ((480, 64
 HBM = H100["hbm"]
 GOALS = {"voc21": 500, "coco81": 150}
 """Issue 37's images/s of the CRF alone on one H100."""
-VARIANTS = {"float32": ((), True), "float32, the slices apart (before)": ((), False),
-            "float16, Gaussian lattice": ((2,), True), "float16, both lattices": ((2, 5), True)}  # fmt: skip
-"""``--traffic``'s rows: the lattices (by their feature dimension d) whose values are stored in float16, and whether
-the two slices share a launch (:func:`iteration_traffic`)."""
+VARIANTS = {"float32": ((), True, 1), "float32, the slices apart (before)": ((), False, 1),
+            "float32, 2 directions per blur": ((), True, 2), "float32, 3 directions per blur": ((), True, 3),
+            "float16, Gaussian lattice": ((2,), True, 1), "float16, both lattices": ((2, 5), True, 1)}  # fmt: skip
+"""``--traffic``'s rows: the lattices (by their feature dimension d) whose values are stored in float16, whether
+the two slices share a launch and the directions one blur launch takes (``infer.crf.blur_directions``;
+:func:`iteration_traffic`)."""
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle")
 
 
@@ -132,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--cuda-batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--cuda-kernels", nargs="+", default=["torch", "fused"], choices=["torch", "fused"])
+    parser.add_argument("--cuda-blur-directions", type=int, nargs="+", default=[1], choices=[1, 2, 3],
+                        help="the fused kernels' infer.crf.blur_directions, a row each")  # fmt: skip
     parser.add_argument("--cuda-only", action="store_true", help="only the CUDA table (make gpu-check)")
     parser.add_argument("--launches", action="store_true", help="only the operations per call, on the CPU")
     parser.add_argument("--memory", action="store_true", help="only the peak bytes per pixel, on the CPU")
@@ -203,18 +210,21 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     from wsss.utils.allocations import peak_allocated
 
     print(f"\nCUDA: {torch.cuda.get_device_name()}")
-    print("| case | batch | infer.crf.kernel | ms/image | images/s | peak CUDA MiB | bound MiB | images per run "
-          "| traffic bound ms/image |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    print("| case | batch | infer.crf.kernel | blur directions per launch | ms/image | images/s | peak CUDA MiB "
+          "| bound MiB | images per run | traffic bound ms/image |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    runs_of = [("torch", 1)] if "torch" in args.cuda_kernels else []
+    runs_of += [("fused", k) for k in args.cuda_blur_directions] if "fused" in args.cuda_kernels else []
     for name in args.cases:
         # the i-th image is photograph i % 5 (its lattices; the probabilities change none of the traffic)
-        per_photo = [call_traffic(lattice_sizes(cfg, i, p), p.shape[0], cfg.iterations)
-                     for i, p in zip(*case_inputs(name, len(PHOTOS)), strict=True)]  # fmt: skip
+        sizes = [lattice_sizes(cfg, i, p) for i, p in zip(*case_inputs(name, len(PHOTOS)), strict=True)]
         for batch_size in args.cuda_batches:
             images, probs = case_inputs(name, batch_size)
-            traffic = sum(per_photo[k % len(PHOTOS)] for k in range(batch_size)) / batch_size
             tensors = [torch.from_numpy(p).cuda() for p in probs]
-            for kernel in args.cuda_kernels:
-                run_cfg = replace(cfg, kernel=kernel)
+            for kernel, directions in runs_of:
+                traffic = sum(call_traffic(sizes[k % len(PHOTOS)], CASES[name][1], cfg.iterations,
+                                           directions=directions) for k in range(batch_size)) / batch_size  # fmt: skip
+                run_cfg = replace(cfg, kernel=kernel, blur_directions=directions)
                 dense_crf_batch(images, tensors, run_cfg)  # warm-up
                 torch.cuda.synchronize()
                 tic = time.perf_counter()
@@ -229,25 +239,28 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                 largest = max(estimated_bytes(sum(tensors[k][0].numel() for k in run), CASES[name][1], fused)
                               for run in runs)  # fmt: skip
                 bound = largest + sum(t.numel() * 4 for t in tensors)
-                print(f"| {name} | {batch_size} | {kernel} | {ms:.2f} | {1000 / ms:.1f} | {peak / 2**20:.0f} | "
+                print(f"| {name} | {batch_size} | {kernel} | {directions if kernel == 'fused' else '-'} | {ms:.2f} | "
+                      f"{1000 / ms:.1f} | {peak / 2**20:.0f} | "
                       f"{bound / 2**20:.0f} | {max(len(run) for run in runs)} | {traffic / HBM * 1000:.2f} |",
                       flush=True)  # fmt: skip
 
 
 def iteration_traffic(pixels: int, lattices: list[tuple[int, int]], classes: int, half: tuple[int, ...] = (),
-                      paired: bool = True) -> int:  # fmt: skip
+                      paired: bool = True, directions: int = 1) -> int:  # fmt: skip
     """The fewest bytes one mean-field iteration of an image's ``pixels`` moves on the Triton kernels' path
     (:mod:`wsss.inference.crf.kernels`), each value read and written once per product (every gather a cache hit) and
     each index at 4 bytes. Per lattice of ``(M, d)`` in ``lattices`` (its points, its feature dimension): the splat
     reads the (N, C) marginals and its CSR matrix (N (d+1) columns and weights, M + 1 row offsets) and writes the
-    (M, C) lattice values; each of the d + 1 blurs reads them and the 2 M neighbours and writes them; the slice reads
-    them and its matrix (N (d+1) entries, N + 1 offsets). The slices read the (N, C) base (the prior, or the message)
-    and write (N, C): once for both lattices when ``paired`` (:func:`wsss.inference.crf.permutohedral.
-    filter_pair_fused`), else once each. A lattice value is float32, or float16 where its d is in ``half``."""
+    (M, C) lattice values; each blur launch (of ``directions`` of the d + 1 directions, the last of fewer) reads them
+    and 2 M neighbours per direction and writes them; the slice reads them and its matrix (N (d+1) entries, N + 1
+    offsets). The slices read the (N, C) base (the prior, or the message) and write (N, C): once for both lattices
+    when ``paired`` (:func:`wsss.inference.crf.permutohedral.filter_pair_fused`), else once each. A lattice value is
+    float32, or float16 where its d is in ``half``."""
     n, c = pixels, classes
     traffic = 2 * n * c * 4 * (1 if paired else len(lattices))
     for m, d in lattices:
-        values = n * c * 4 + (2 * (d + 1) + 2) * m * c * (2 if d in half else 4)
+        blurs = -(-(d + 1) // directions)
+        values = n * c * 4 + (2 * blurs + 2) * m * c * (2 if d in half else 4)
         indices = 2 * n * (d + 1) * 8 + (m + 1 + n + 1) * 4 + (d + 1) * 2 * m * 4
         traffic += values + indices
     return traffic
@@ -276,10 +289,22 @@ def lattice_sizes(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray) -> list[
 
 
 def call_traffic(sizes: list[tuple[int, int, int]], classes: int, iterations: int, half: tuple[int, ...] = (),
-                 paired: bool = True) -> int:  # fmt: skip
+                 paired: bool = True, directions: int = 1) -> int:  # fmt: skip
     """Bytes a CRF call of ``iterations`` moves at best for one image whose lattices have ``sizes``
     (:func:`lattice_sizes`): :func:`iteration_traffic`'s, that many times."""
-    return iterations * iteration_traffic(sizes[0][0], [(m, d) for _, m, d in sizes], classes, half, paired)
+    lattices = [(m, d) for _, m, d in sizes]
+    return iterations * iteration_traffic(sizes[0][0], lattices, classes, half, paired, directions)
+
+
+def blur_gathers(sizes: list[tuple[int, int, int]], classes: int, iterations: int, directions: int = 1) -> int:
+    """Bytes the blur launches of a CRF call gather for one image (:func:`call_traffic`'s ``sizes``): each point's
+    value rows read from the caches, 3 per direction in a launch of one, 9 in a launch of two, 27 of three (each
+    earlier direction's rows computed again wherever the next reads them), float32."""
+    total = 0
+    for _, m, d in sizes:
+        launches = [min(directions, d + 1 - j) for j in range(0, d + 1, directions)]
+        total += sum(3**k for k in launches) * m * classes * 4
+    return iterations * total
 
 
 def half_storage(half: tuple[int, ...]):
@@ -319,8 +344,9 @@ def traffic_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     print(f"{args.images} photographs per case, {cfg.iterations} iterations, H100 HBM {HBM / 1e12:.2f} TB/s; the "
           "distance of the marginals (largest) and labels from pydensecrf's, the PyTorch path's products")  # fmt: skip
     print("| case | lattice values | lattice points per pixel (Gaussian, bilateral) | MB per image | bound ms/image "
-          "| bound images/s | goal images/s | goal / bound | marginals off pydensecrf | labels equal % |")  # fmt: skip
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| bound images/s | goal images/s | goal / bound | blur gathers MB per image | marginals off pydensecrf "
+          "| labels equal % |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     exact = Lattice.filter
     for name in args.cases:
         images, probs = case_inputs(name, args.images)
@@ -329,11 +355,12 @@ def traffic_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
         spans = ", ".join(f"{min(col):.2f}-{max(col):.2f}" for col in zip(*points, strict=True))
         references = [_pydensecrf(i, p, cfg) for i, p in zip(images, probs, strict=True)] if have_reference else []
         classes = CASES[name][1]
-        for variant, (half, paired) in VARIANTS.items():
-            traffic = sum(call_traffic(lattices, classes, cfg.iterations, half, paired) for lattices in sizes)
-            traffic /= len(images)
+        for variant, (half, paired, directions) in VARIANTS.items():
+            traffic = sum(call_traffic(lattices, classes, cfg.iterations, half, paired, directions)
+                          for lattices in sizes) / len(images)  # fmt: skip
+            gathers = sum(blur_gathers(lattices, classes, cfg.iterations, directions) for lattices in sizes)
             off, equal = float("nan"), float("nan")
-            if references and paired:  # the same sums either way
+            if references and paired and directions == 1:  # the same sums apart, or with more directions a launch
                 Lattice.filter = half_storage(half)
                 try:
                     q = [dense_crf(i, torch.from_numpy(p), replace(cfg, kernel="torch")).numpy()
@@ -345,7 +372,8 @@ def traffic_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
             ms = traffic / HBM * 1000
             goal = GOALS.get(name)
             print(f"| {name} | {variant} | {spans} | {traffic / 1e6:.0f} | {ms:.2f} | {1000 / ms:.0f} | "
-                  f"{goal or '-'} | {f'{goal * ms / 1000:.2f}' if goal else '-'} | {off:.1e} | {equal:.4f} |",
+                  f"{goal or '-'} | {f'{goal * ms / 1000:.2f}' if goal else '-'} | {gathers / len(images) / 1e6:.0f} | "
+                  f"{off:.1e} | {equal:.4f} |",
                   flush=True)  # fmt: skip
 
 
@@ -379,8 +407,8 @@ def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iteratio
 def launch_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton kernels on CPU tensors: set before their import
     size = (48, 64)
-    print("| case | infer.crf.kernel | operations to build (0 iterations) | per iteration | per call of 10 |")
-    print("|---|---|---:|---:|---:|")
+    print("| case | infer.crf.kernel | blur directions per launch | operations to build (0 iterations) | per iteration "
+          "| per call of 10 |\n|---|---|---|---:|---:|---:|")  # fmt: skip
     for name in args.cases:
         classes = CASES[name][1]
         image, probs = photographs(size, 1)[0], probabilities(size, classes, 0)
@@ -388,10 +416,11 @@ def launch_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
         if 3 * classes <= 128:  # the export's three stacks, whose softmax one program takes
             cases.append((f"3 stacks of {classes}", np.stack([probabilities(size, classes, s) for s in range(3)])))
         for label, p in cases:
-            for kernel in ("torch", "fused"):
-                build, per_iteration = launch_counts(replace(cfg, kernel=kernel), image, p)
-                print(f"| {name} ({label}) | {kernel} | {build} | {per_iteration:g} | "
-                      f"{build + cfg.iterations * per_iteration:g} |", flush=True)  # fmt: skip
+            for kernel, directions in (("torch", 1), ("fused", 1), ("fused", 2), ("fused", 3)):
+                run_cfg = replace(cfg, kernel=kernel, blur_directions=directions)
+                build, per_iteration = launch_counts(run_cfg, image, p)
+                print(f"| {name} ({label}) | {kernel} | {directions if kernel == 'fused' else '-'} | {build} | "
+                      f"{per_iteration:g} | {build + cfg.iterations * per_iteration:g} |", flush=True)  # fmt: skip
 
 
 def memory_table(args: argparse.Namespace, cfg: CrfConfig) -> None:

@@ -14,7 +14,9 @@
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
 #                          loop and the model alone, single scale, ms + flip, + CRF; at COCO size (81 classes, every
 #                          class: the reference) with the peak GPU memory of each mode;
-#   crf                    the CRF alone, both kernels, batch 1 and 16, with its peak CUDA memory and traffic bound;
+#   crf                    the CRF alone, both kernels (the Triton one blurring 1, 2 and 3 directions per launch:
+#                          infer.crf.blur_directions), batch 1 and 16, with its peak CUDA memory and traffic bound,
+#                          the cases by their need (COCO's 81 classes first, VOC's 3 last);
 #   loader                 (not by default) the training loader alone on the GPU host's cores, 0-8 workers, against
 #                          what 30 it/s needs (bench/bench_loader.py), at most 120 s;
 #   export                 (not by default) the pseudo-label export (with and without --crf) and eval_cams --pseudo
@@ -58,7 +60,8 @@ for name in "${steps[@]}"; do
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 ;;
     infer_coco) step "$name" 90 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 ;;
-    crf) step "$name" 60 bench/bench_crf.py --cuda-only --cuda-batches 1 16 ;;
+    crf) step "$name" 60 bench/bench_crf.py --cuda-only --cuda-batches 1 16 --cuda-blur-directions 1 2 3 \
+      --cases coco81 voc21 voc3 ;;
     loader) step "$name" 120 bench/bench_loader.py --workers 0 1 2 4 8 --batches 48 ;;
     export) step "$name" 120 bench/bench_export.py --device cuda --time --crf --num 256 --batch-sizes 1 16 ;;
     tests) step "$name" 120 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \

@@ -38,7 +38,8 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
     32, two halves) at its default blocks and in each of its autotuner's configurations, PAR's 48 neighbours and up to
     16 channels per program, the CRF's splat at 21 classes (the blurs' tile) and its two slices in one launch at 21 and
     81 classes (the softmax over a 32- and a 128-wide row), the pseudo-label export's three stacks of 4 and 21 classes
-    (a softmax per stack), its simplices of the Gaussian kernel's 2-d and the bilateral's 5-d features."""
+    (a softmax per stack), its blur of one direction (with and without a count of live rows) and of two and three in
+    one launch, its simplices of the Gaussian kernel's 2-d and the bilateral's 5-d features."""
     e, p, c = energy_kernel, par_kernel, crf_kernels
     energy = {"feat_ptr": "*fp32", "val_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "D": "constexpr",
               "K2": "constexpr", "BLOCK_ROWS": "constexpr", "BLOCK_COLS": "constexpr"}  # fmt: skip
@@ -60,9 +61,9 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
            for channels, softmax, groups, live in ((21, False, 1, False), (21, True, 1, False), (81, True, 1, False),
                                                    (12, True, 3, False), (63, True, 3, False),
                                                    (21, False, 1, True))]  # fmt: skip
-    blur = {"neighbour_ptr": "*i32", "second": "i32", "x_ptr": "*fp32", "out_ptr": "*fp32", "live_ptr": "*i64",
-            "rows": "i32", "channels": "i32", "HAS_LIVE": "constexpr", "BLOCK_ROWS": "constexpr",
-            "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
+    blur = {"neighbour_ptr": "*i32", "second": "i32", "step": "i32", "x_ptr": "*fp32", "out_ptr": "*fp32",
+            "live_ptr": "*i64", "rows": "i32", "channels": "i32", "DIRECTIONS": "constexpr", "HAS_LIVE": "constexpr",
+            "BLOCK_ROWS": "constexpr", "BLOCK_CHANNELS": "constexpr"}  # fmt: skip
     simplex = {"features_ptr": "*fp32", "scale_ptr": "*fp32", "rem0_ptr": "*i64", "rank_ptr": "*i64",
                "weight_ptr": "*fp32", "n": "i32", "down": "fp32", "D": "constexpr", "DP": "constexpr",
                "BLOCK": "constexpr"}  # fmt: skip
@@ -84,8 +85,9 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
         *[("CRF product (wsss.inference.crf.kernels)", c._product_kernel, product, blocks, crf_warps)
           for blocks in crf],
         *[("CRF blur (wsss.inference.crf.kernels)", c._blur_kernel, blur,
-           dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(21, False), strict=True)) | {"HAS_LIVE": live},
-           crf_warps) for live in (False, True)],
+           dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(21, False), strict=True))
+           | {"HAS_LIVE": live, "DIRECTIONS": directions}, crf_warps)
+          for live, directions in ((False, 1), (True, 1), (False, 2), (False, 3))],
         *[("CRF simplices (wsss.inference.crf.kernels)", c._simplex_kernel, simplex, constants, crf_warps)
           for constants in dims],
     ]  # fmt: skip

@@ -30,6 +30,20 @@ def test_the_traffic_bound_counts_each_product_once():
     assert bench_crf.iteration_traffic(n, [(7, 2), (4, 5)], c, paired=False) == want + 2 * base_and_out
     half = bench_crf.iteration_traffic(n, [(7, 2), (4, 5)], c, half=(2,))
     assert half == want + base_and_out - (2 * 3 + 2) * 7 * c * 2  # the 2-d lattice's values at 2 bytes
+    # 2 directions per blur launch: the 2-d lattice's 3 in 2 launches, the 5-d one's 6 in 3; 3 directions: 1 and 2
+    for directions, launches in ((2, {2: 2, 5: 3}), (3, {2: 1, 5: 2})):
+        saved = sum((d + 1 - launches[d]) * 2 * m * c * 4 for m, d in ((7, 2), (4, 5)))  # values read and written
+        assert bench_crf.iteration_traffic(n, [(7, 2), (4, 5)], c, directions=directions) == want + base_and_out - saved
+
+
+def test_the_blur_gathers_count_three_rows_per_direction_nested():
+    """A 2-d lattice of 7 points (3 directions) and a 5-d one of 4 (6), 3 classes, 2 iterations: 3 rows gathered per
+    point and direction in launches of one, 9 per point in a launch of two, 27 in one of three."""
+    sizes, c = [(10, 7, 2), (10, 4, 5)], 3
+    per_row = c * 4 * 2
+    assert bench_crf.blur_gathers(sizes, c, 2) == (3 * 3 * 7 + 6 * 3 * 4) * per_row
+    assert bench_crf.blur_gathers(sizes, c, 2, directions=2) == ((9 + 3) * 7 + 3 * 9 * 4) * per_row
+    assert bench_crf.blur_gathers(sizes, c, 2, directions=3) == (27 * 7 + 2 * 27 * 4) * per_row
 
 
 def test_the_traffic_table_reads_the_lattices_a_call_builds():
@@ -45,14 +59,19 @@ def test_the_traffic_table_reads_the_lattices_a_call_builds():
     rows = {row[1]: row for row in ([cell.strip() for cell in line.split("|")[1:-1]]
                                     for line in proc.stdout.splitlines() if line.startswith("| voc21 |"))}  # fmt: skip
     assert list(rows) == list(bench_crf.VARIANTS), proc.stdout
-    for name, (_, _, points, mb, ms, rate, goal, share, off, equal) in rows.items():
+    for name, (_, _, points, mb, ms, rate, goal, share, gathers, off, equal) in rows.items():
         assert re.fullmatch(r"[\d.]+-[\d.]+, [\d.]+-[\d.]+", points)
         assert float(ms) == pytest.approx(float(mb) * 1e6 / bench_crf.HBM * 1000, rel=0.01)
         assert float(rate) == pytest.approx(1000 / float(ms), rel=0.01) and goal == "500"
         assert float(share) == pytest.approx(500 * float(ms) / 1000, abs=0.01)
-        if name.startswith("float32"):  # the kernels' own sums: pydensecrf's marginals
-            assert name.endswith("(before)") or (float(off) < 1e-5 and float(equal) == 100.0)
+        if name == "float32":  # the kernels' own sums (and those of more directions a launch): pydensecrf's marginals
+            assert float(off) < 1e-5 and float(equal) == 100.0
+        assert float(gathers) > 0
     mb = {name: float(row[3]) for name, row in rows.items()}
     order = ["float32, the slices apart (before)", "float32", "float16, Gaussian lattice", "float16, both lattices"]
-    assert [mb[name] for name in order] == sorted(mb.values(), reverse=True), mb
-    assert float(rows["float16, both lattices"][8]) > 1e-4  # the rounding shows in the marginals
+    assert [mb[name] for name in order] == sorted(mb[name] for name in order)[::-1], mb
+    nested = ["float32", "float32, 2 directions per blur", "float32, 3 directions per blur"]
+    assert [mb[name] for name in nested] == sorted(mb[name] for name in nested)[::-1], mb  # less traffic,
+    gathered = [float(rows[name][8]) for name in nested]
+    assert gathered == sorted(gathered), gathered  # more rows gathered
+    assert float(rows["float16, both lattices"][9]) > 1e-4  # the rounding shows in the marginals

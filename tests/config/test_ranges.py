@@ -44,6 +44,8 @@ BAD_VALUES = [
     ("optim.lr", INF, "inf", r" 'optim\.lr': must be finite and > 0, got inf"),
     ("loss.reg_sigma_rgb", 0.0, "0", r" 'loss\.reg_sigma_rgb': must be finite and > 0, got 0\.0"),
     ("infer.crf.bilateral_sxy", 0.0, "0", r" 'infer\.crf\.bilateral_sxy': must be finite and > 0, got 0\.0"),
+    ("infer.crf.blur_directions", 4, "4", r" 'infer\.crf\.blur_directions': must be in \[1, 3\] \(the kernel's "
+     r"ceiling\), got 4"),
     ("data.ignore_index", 300, "300", r" 'data\.ignore_index': must be in \[0, 255\], got 300"),
     ("data.ignore_index", 5, "5", r" 'data\.ignore_index': must be in \[21, 255\] \(.*no class index.*\), got 5"),
     ("infer.scales", [20.0], "[20]", r" 'infer\.scales\[0\]': must be in \(0, 4\]" + CEILING_REASON + ", got 20.0"),

@@ -188,6 +188,57 @@ def test_the_blur_kernel_is_the_blur_matrixs_product(channels):
         assert not got[0].any()
 
 
+@pytest.mark.parametrize("channels", [1, 21, 40])
+def test_blurs_of_several_directions_in_one_launch_are_the_launches_one_after_the_other(channels):
+    """``infer.crf.blur_directions``: a launch that blurs 2 or 3 consecutive directions (each earlier direction's rows
+    computed where the next reads them) gives the bits of as many one-direction launches (in the interpreter; the
+    same sums compiled), from every direction of the Gaussian kernel's 2-d lattice, two images' bilateral 5-d one and
+    a fixed box's (whose rows past its real points stay as they are); row 0 stays 0."""
+    bilateral = torch.cat([pixel_features(9, 11, 3.0, 5.0), pixel_features(7, 6, 3.0, 5.0, seed=3)])
+    box = permutohedral.fixed_box([0.0, 0.0], [10.0, 8.0], 1, DEVICE)
+    lattices = [permutohedral.build_lattice(pixel_features(9, 11, 1.0).to(DEVICE), fused=True),
+                permutohedral.build_lattice(bilateral.to(DEVICE), [99, 42], reference_padding=True, fused=True),
+                permutohedral.build_lattice(pixel_features(9, 11, 1.0).to(DEVICE), fused=True, box=box)]  # fmt: skip
+    assert lattices[2].live is not None and int(lattices[2].live) < lattices[2].points
+    g = torch.Generator().manual_seed(channels)
+    for lattice in lattices:
+        values = torch.rand(lattice.points + 1, channels, generator=g).to(DEVICE)
+        values[0] = 0.0
+        live = None if lattice.live is None else int(lattice.live) + 1
+        if live is not None:
+            values[live:] = 7.0
+        for k in (2, 3):
+            for j in range(len(lattice.neighbours) - k + 1):
+                want = values
+                for i in range(j, j + k):
+                    want = kernels.blur(lattice.neighbours[i], want, values.clone(), live=lattice.live)
+                got = kernels.blur(lattice.neighbours[j : j + k], values, torch.full_like(values, float("nan")),
+                                   live=lattice.live)  # fmt: skip
+                if live is not None:  # the rows past the real points are left as the output held them
+                    assert got[live:].isnan().all()
+                    got, want = got[:live], want[:live]
+                if kernels.is_interpreted():
+                    assert torch.equal(got, want), (k, j)
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+                assert not got[0].any()
+
+
+@pytest.mark.parametrize(("sizes", "classes"), [([(7, 9), (5, 6)], 3), ([(6, 5)], 21), ([(4, 5)], 130)])
+def test_the_crf_is_the_same_whatever_the_directions_one_blur_launch_takes(sizes, classes):
+    """Whole calls (both lattices, their normalisation, the mean-field; an even and an odd number of blur launches
+    per lattice, whose last one must land in the buffer the slice reads) at 2 and 3 directions per blur launch give
+    the marginals of 1, bit for bit in the interpreter."""
+    images, probs = images_and_probs(sizes, classes)
+    cfg = CrfConfig(iterations=2, kernel="fused")
+    want = dense_crf_batch(images, probs, cfg)
+    for directions in (2, 3):
+        got = dense_crf_batch(images, probs, dataclasses.replace(cfg, blur_directions=directions))
+        for a, b in zip(got, want, strict=True):
+            if kernels.is_interpreted():
+                assert torch.equal(a, b), directions
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_the_blur_kernel_refuses_what_it_cannot_read():
     neighbours = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     values = torch.zeros(5, 3, device=DEVICE)
@@ -263,10 +314,11 @@ def test_the_mean_field_equals_the_pytorch_products(sizes, classes, changes):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
 
 
-def test_each_product_runs_in_the_kernel(monkeypatch):
+@pytest.mark.parametrize(("directions", "blurs"), [(1, 9), (2, 5), (3, 3)])
+def test_each_product_runs_in_the_kernel(directions, blurs, monkeypatch):
     """12 launches per iteration of the paper's CRF (a splat and 3 + 6 blurs per lattice, both slices in one launch
-    that takes the softmax) and 13 for the kernels' normalisation; no PyTorch sparse product, one softmax apart (the
-    prior's)."""
+    that takes the softmax) and 13 for the kernels' normalisation; with 2 directions per blur launch 2 + 3 blurs (8
+    and 9 launches), with 3 1 + 2 (6 and 7); no PyTorch sparse product, one softmax apart (the prior's)."""
     launches, softmaxes = [], []
     product, blur, softmax = kernels.product, kernels.blur, crf_module._softmax
 
@@ -286,8 +338,8 @@ def test_each_product_runs_in_the_kernel(monkeypatch):
     monkeypatch.setattr(crf_module, "_softmax", lambda *args: softmaxes.append(1) or softmax(*args))
     monkeypatch.setattr(permutohedral.Lattice, "filter", refused)
     images, probs = images_and_probs([(5, 6)], 21)
-    dense_crf_batch(images, probs, CrfConfig(iterations=3, kernel="fused"))
-    assert len(launches) == 13 + 3 * 12 and launches.count("blur") == 4 * 9
+    dense_crf_batch(images, probs, CrfConfig(iterations=3, kernel="fused", blur_directions=directions))
+    assert len(launches) == blurs + 4 + 3 * (blurs + 3) and launches.count("blur") == 4 * blurs
     assert launches.count("softmax") == 3 and launches[-1] == "softmax"
     assert len(softmaxes) == 1
 

@@ -26,6 +26,7 @@ from wsss.config.loading import (
     to_dict,
 )
 from wsss.config.schema import (
+    CRF_BLUR_DIRECTIONS,
     CRF_KERNELS,
     ENERGY_KERNELS,
     FP32_PRECISIONS,
@@ -57,6 +58,7 @@ from wsss.config.validation import (
 __all__ = [
     "BACKBONE_KWARGS",
     "BACKBONE_RANGES",
+    "CRF_BLUR_DIRECTIONS",
     "CRF_KERNELS",
     "ENERGY_KERNELS",
     "FP32_PRECISIONS",

@@ -42,6 +42,9 @@ PAR_KERNELS = ("auto", "fused", "torch")
 
 CRF_KERNELS = ("auto", "fused", "torch")
 """Implementations of the torch CRF's sparse products (:mod:`wsss.inference.crf`)."""
+CRF_BLUR_DIRECTIONS = 3
+"""The most lattice directions one launch of the CRF's blur kernel takes (``infer.crf.blur_directions``): each one more
+triples the rows it gathers per lattice point (3, 9, 27)."""
 
 FRACTION = Range(0, 1, low_open=True)
 """A share that cannot be 0 (a resize factor, a tolerance)."""
@@ -361,6 +364,11 @@ class CrfConfig(Section):
     lattice's simplices; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``torch`` (PyTorch's sparse CSR products and
     operations, any device) or ``auto`` (fused on CUDA when triton is installed, torch elsewhere). docs/reference.md,
     the bullets after the table."""
+    blur_directions: int = bounded(1, Range(1, CRF_BLUR_DIRECTIONS, why="the kernel's ceiling"))
+    """Triton kernels (``kernel``): the lattice directions one launch blurs, each earlier direction's values computed
+    where the next reads them instead of stored: the same float32 sums however many (tested bit for bit), fewer
+    launches (12 per mean-field iteration at 1, 8 at 2, 6 at 3) and less memory traffic, but 3, 9 or 27 rows gathered
+    per lattice point. docs/benchmarks.md, "Blurs of several directions in one launch"."""
     reference_padding: bool = True
     """``torch`` backend: add the lattice points pydensecrf's SSE build adds when an image's pixel count is not a
     multiple of 4 (padding points at feature 0, whose simplex joins the lattice and relays the blur), so the

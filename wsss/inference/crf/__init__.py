@@ -362,7 +362,7 @@ def _potts_kernel(features: Tensor, sizes: list[int], compat: float, cfg: CrfCon
                   fused: bool) -> permutohedral.Lattice:  # fmt: skip
     """The lattice of ``features`` scaled so that its filter gives ``compat`` x the symmetrically normalised Gaussian
     filter (Potts: subtracted from the message); its construction's tensors are let go on return."""
-    lattice = build_lattice(features, sizes, dtype, cfg.reference_padding, fused)
+    lattice = build_lattice(features, sizes, dtype, cfg.reference_padding, fused, blur_directions=cfg.blur_directions)
     ones = features.new_ones(features.shape[0], 1, dtype=dtype)
     if fused:
         filtered = lattice.filter_fused(ones, torch.empty_like(ones), workspace_for([lattice], 1, dtype, ones.device))

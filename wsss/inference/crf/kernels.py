@@ -10,9 +10,12 @@ them. :func:`product` is the splat and the slice in one kernel: a program holds 
 ``base`` and a second matrix's product when asked (the mean-field's two slices in one pass) and takes the softmax of
 each row when asked. :func:`blur` is one direction's blur read from the lattice points' two neighbours themselves
 (the lattice keeps them instead of a matrix per direction: 8 bytes per point instead of 28, and no matrix to build),
-summed as the matrix's product sums. One iteration of the paper's CRF is 12 launches (a splat and 3 + 6 blurs per
-lattice, then both slices in one launch that adds the prior and takes the softmax: of each stack on its own for the
-pseudo-label export's stacks), each reading each value once.
+summed as the matrix's product sums; or two or three directions' blurs one after the other in one launch, each earlier
+direction's rows computed where the next one reads them (``infer.crf.blur_directions``: the same sums, the values in
+between never stored, but 9 or 27 rows gathered per point instead of 3 per direction). One iteration of the paper's
+CRF is 12 launches (a splat and 3 + 6 blurs per lattice, then both slices in one launch that adds the prior and takes
+the softmax: of each stack on its own for the pseudo-label export's stacks; 8 with 2 directions per blur launch, 6
+with 3), each reading each value once.
 
 :func:`simplices` elevates the features and finds each point's enclosing simplex and barycentric weights, the
 construction's first steps, in one launch where PyTorch dispatches about 80 operations per lattice; it computes them
@@ -33,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from wsss.config import CRF_BLUR_DIRECTIONS
 
 # Blocks from the compiled register use (bench/kernel_registers.py: compiled for sm_90a without a GPU).
 TILE = 1024
@@ -123,25 +128,87 @@ def _product_kernel(
 
 
 @triton.jit
+def _blur_columns(neighbour_ptr, second, q, ok):
+    """Rows ``q`` (where ``ok``) of one direction's blur matrix: the point's own row and its columns in ascending
+    order (the two neighbours' rows + 1 at ``neighbour_ptr`` and ``second`` entries after it; 0: absent)."""
+    n1 = tl.load(neighbour_ptr + q - 1, mask=ok, other=0).to(tl.int64)
+    n2 = tl.load(neighbour_ptr + second + q - 1, mask=ok, other=0).to(tl.int64)
+    own = tl.where(ok, q, 0).to(tl.int64)
+    low, high = tl.minimum(n1, n2), tl.maximum(n1, n2)
+    first, last = tl.minimum(own, low), tl.maximum(own, high)
+    return own, first, own + low + high - first - last, last
+
+
+@triton.jit
+def _blur_weight(col, own, ok):
+    """The blur weight of column ``col`` of row ``own``: 1 for the point's own row, else 1/2 (0 where not ``ok``)."""
+    return tl.where(ok, tl.where(col == own, 1.0, 0.5), 0.0)
+
+
+@triton.jit
 def _blur_entry(acc, x_ptr, col, own, ok, c, c_ok, channels):
-    """``acc`` plus row ``col`` of the values times its blur weight (1 for the point's own row, else 1/2)."""
-    val = tl.where(ok, tl.where(col == own, 1.0, 0.5), 0.0)
+    """``acc`` plus row ``col`` of the values times its blur weight."""
     x = tl.load(x_ptr + col[:, None] * channels + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
-    return acc + val[:, None] * x
+    return acc + _blur_weight(col, own, ok)[:, None] * x
+
+
+@triton.jit
+def _blurred(x_ptr, neighbour_ptr, second, q, ok, c, c_ok, channels,
+             BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr):  # fmt: skip
+    """Rows ``q`` of one direction's blur of the values at ``x_ptr``, zeros where not ``ok`` (as row 0)."""
+    own, first, mid, last = _blur_columns(neighbour_ptr, second, q, ok)
+    acc = tl.zeros((BLOCK_ROWS, BLOCK_CHANNELS), dtype=tl.float32)
+    acc = _blur_entry(acc, x_ptr, first, own, ok, c, c_ok, channels)
+    acc = _blur_entry(acc, x_ptr, mid, own, ok, c, c_ok, channels)
+    return _blur_entry(acc, x_ptr, last, own, ok, c, c_ok, channels)
+
+
+@triton.jit
+def _blurred_twice(x_ptr, neighbour_ptr, second, step, q, ok, c, c_ok, channels,
+                   BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr):  # fmt: skip
+    """Rows ``q`` of the blur along the direction ``step`` entries after ``neighbour_ptr``'s of the blur along that
+    one, each row of the first blur computed where the second reads it (not stored): :func:`_blurred`'s sums with
+    the first blur's rows in place of the loads."""
+    own, first, mid, last = _blur_columns(neighbour_ptr + step, second, q, ok)
+    acc = tl.zeros((BLOCK_ROWS, BLOCK_CHANNELS), dtype=tl.float32)
+    acc += _blur_weight(first, own, ok)[:, None] * _blurred(x_ptr, neighbour_ptr, second, first, ok & (first > 0), c,
+                                                            c_ok, channels, BLOCK_ROWS, BLOCK_CHANNELS)  # fmt: skip
+    acc += _blur_weight(mid, own, ok)[:, None] * _blurred(x_ptr, neighbour_ptr, second, mid, ok & (mid > 0), c, c_ok,
+                                                          channels, BLOCK_ROWS, BLOCK_CHANNELS)  # fmt: skip
+    acc += _blur_weight(last, own, ok)[:, None] * _blurred(x_ptr, neighbour_ptr, second, last, ok & (last > 0), c,
+                                                           c_ok, channels, BLOCK_ROWS, BLOCK_CHANNELS)  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _blurred_thrice(x_ptr, neighbour_ptr, second, step, q, ok, c, c_ok, channels,
+                    BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr):  # fmt: skip
+    """:func:`_blurred_twice` with a third direction (``2 step`` entries after ``neighbour_ptr``'s) outside."""
+    own, first, mid, last = _blur_columns(neighbour_ptr + 2 * step, second, q, ok)
+    acc = tl.zeros((BLOCK_ROWS, BLOCK_CHANNELS), dtype=tl.float32)
+    acc += _blur_weight(first, own, ok)[:, None] * _blurred_twice(
+        x_ptr, neighbour_ptr, second, step, first, ok & (first > 0), c, c_ok, channels, BLOCK_ROWS, BLOCK_CHANNELS)
+    acc += _blur_weight(mid, own, ok)[:, None] * _blurred_twice(
+        x_ptr, neighbour_ptr, second, step, mid, ok & (mid > 0), c, c_ok, channels, BLOCK_ROWS, BLOCK_CHANNELS)
+    acc += _blur_weight(last, own, ok)[:, None] * _blurred_twice(
+        x_ptr, neighbour_ptr, second, step, last, ok & (last > 0), c, c_ok, channels, BLOCK_ROWS, BLOCK_CHANNELS)
+    return acc
 
 
 @triton.jit
 def _blur_kernel(
-    neighbour_ptr, second, x_ptr, out_ptr, live_ptr, rows, channels, HAS_LIVE: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
+    neighbour_ptr, second, step, x_ptr, out_ptr, live_ptr, rows, channels, DIRECTIONS: tl.constexpr,
+    HAS_LIVE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
 ):  # fmt: skip
     """``out[r] = x[r] + (x[n1] + x[n2]) / 2`` for the lattice values' rows ``r >= 1``, ``n1``, ``n2`` the two
     neighbours of point ``r - 1`` along one direction (0: absent, row 0 holds zeros); row 0 stays 0. Summed as the
-    CSR blur matrix's product sums (the columns ascending, the own weight 1 and the neighbours' 1/2).
+    CSR blur matrix's product sums (the columns ascending, the own weight 1 and the neighbours' 1/2). With
+    ``DIRECTIONS`` 2 or 3, that many directions' blurs one after the other, each earlier blur's rows computed where
+    the next one reads them: the float32 sums of as many launches, without their values stored in between.
 
-    ``neighbour_ptr``: ``(2, rows - 1)`` integers, the second row ``second`` entries after the first;
-    ``x_ptr``, ``out_ptr``: ``(rows, channels)`` float32; ``live_ptr``: as :func:`_product_kernel`'s. Grid: (row
-    blocks, channel blocks).
+    ``neighbour_ptr``: ``(DIRECTIONS, 2, rows - 1)`` integers, each direction ``step`` entries after the one before,
+    its second row ``second`` entries after its first; ``x_ptr``, ``out_ptr``: ``(rows, channels)`` float32;
+    ``live_ptr``: as :func:`_product_kernel`'s. Grid: (row blocks, channel blocks).
     """
     rows = _live_rows(rows, live_ptr, HAS_LIVE)
     r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -149,16 +216,16 @@ def _blur_kernel(
     point_ok = r_ok & (r > 0)
     c = tl.program_id(1) * BLOCK_CHANNELS + tl.arange(0, BLOCK_CHANNELS)
     c_ok = c < channels
-    n1 = tl.load(neighbour_ptr + r - 1, mask=point_ok, other=0).to(tl.int64)
-    n2 = tl.load(neighbour_ptr + second + r - 1, mask=point_ok, other=0).to(tl.int64)
-    own = tl.where(point_ok, r, 0).to(tl.int64)
-    low, high = tl.minimum(n1, n2), tl.maximum(n1, n2)
-    first, last = tl.minimum(own, low), tl.maximum(own, high)
-    acc = tl.zeros((BLOCK_ROWS, BLOCK_CHANNELS), dtype=tl.float32)
-    acc = _blur_entry(acc, x_ptr, first, own, point_ok, c, c_ok, channels)
-    acc = _blur_entry(acc, x_ptr, own + low + high - first - last, own, point_ok, c, c_ok, channels)
-    acc = _blur_entry(acc, x_ptr, last, own, point_ok, c, c_ok, channels)
-    tile = r.to(tl.int64)[:, None] * channels + c[None, :]
+    q = r.to(tl.int64)
+    if DIRECTIONS == 1:
+        acc = _blurred(x_ptr, neighbour_ptr, second, q, point_ok, c, c_ok, channels, BLOCK_ROWS, BLOCK_CHANNELS)
+    elif DIRECTIONS == 2:
+        acc = _blurred_twice(x_ptr, neighbour_ptr, second, step, q, point_ok, c, c_ok, channels, BLOCK_ROWS,
+                             BLOCK_CHANNELS)  # fmt: skip
+    else:
+        acc = _blurred_thrice(x_ptr, neighbour_ptr, second, step, q, point_ok, c, c_ok, channels, BLOCK_ROWS,
+                              BLOCK_CHANNELS)  # fmt: skip
+    tile = q[:, None] * channels + c[None, :]
     tl.store(out_ptr + tile, acc, mask=r_ok[:, None] & c_ok[None, :])
 
 
@@ -295,12 +362,13 @@ def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = N
 
 def blur(neighbours: Tensor, values: Tensor, out: Tensor, live: Tensor | None = None) -> Tensor:
     """``out`` = one direction's blur of the lattice ``values`` (``I + (P_-1 + P_+1) / 2``, as
-    :func:`wsss.inference.crf.permutohedral.build_lattice`'s CSR blur matrices) in one launch, read from the
-    neighbours themselves.
+    :func:`wsss.inference.crf.permutohedral.build_lattice`'s CSR blur matrices), or up to :data:`CRF_BLUR_DIRECTIONS`
+    directions' one after the other, in one launch, read from the neighbours themselves.
 
     Args:
         neighbours: ``(2, M)`` integers, each row contiguous: the first and second neighbour + 1 of each lattice
-            point (0: absent).
+            point (0: absent); or ``(k, 2, M)``, k directions' in the order their blurs apply (the values between
+            them never stored: the same float32 sums as k launches).
         values: ``(M + 1, C)`` float32, contiguous: row 0 zeros, then the points'.
         out: ``(M + 1, C)`` float32, contiguous, not ``values``.
         live: As :func:`product`'s: only rows 0 to ``live`` are blurred (their neighbours are among them), the others
@@ -311,7 +379,9 @@ def blur(neighbours: Tensor, values: Tensor, out: Tensor, live: Tensor | None = 
     """
     _check([neighbours, values, out] + ([] if live is None else [live]))
     rows, channels = out.shape
-    if neighbours.shape != (2, rows - 1) or values.shape != out.shape or neighbours.stride(1) != 1:
+    grouped = neighbours if neighbours.ndim == 3 else neighbours[None]
+    if (grouped.shape[1:] != (2, rows - 1) or not 1 <= len(grouped) <= CRF_BLUR_DIRECTIONS
+            or values.shape != out.shape or grouped.stride(2) != 1):  # fmt: skip
         raise ValueError(f"the CRF blur kernel cannot take {tuple(neighbours.shape)} neighbours of "
                          f"{tuple(values.shape)} values into {tuple(out.shape)}")  # fmt: skip
     if not all(t.dtype == torch.float32 and t.is_contiguous() for t in (values, out)):
@@ -319,9 +389,9 @@ def blur(neighbours: Tensor, values: Tensor, out: Tensor, live: Tensor | None = 
     if rows and channels:
         block_rows, block_channels = blocks(channels, softmax=False)
         grid = (triton.cdiv(rows, block_rows), triton.cdiv(channels, block_channels))
-        _blur_kernel[grid](neighbours, neighbours.stride(0), values, out, out if live is None else live, rows,
-                           channels, HAS_LIVE=live is not None, BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels,
-                           num_warps=NUM_WARPS)  # fmt: skip
+        _blur_kernel[grid](grouped, grouped.stride(1), grouped.stride(0), values, out, out if live is None else live,
+                           rows, channels, DIRECTIONS=len(grouped), HAS_LIVE=live is not None,
+                           BLOCK_ROWS=block_rows, BLOCK_CHANNELS=block_channels, num_warps=NUM_WARPS)  # fmt: skip
     return out
 
 

@@ -73,6 +73,8 @@ class Lattice:
         live: Where a fixed box made the lattice (``build_lattice(box=...)``): a (1,) integer tensor on the device,
             the number of real points, which come first; the kernels' splat and blur stop at them (the empty
             points after them are nobody's neighbour and never sliced). Else None: every point is real.
+        blur_directions: The lattice directions the kernels blur in one launch (``infer.crf.blur_directions``, 1 to
+            :data:`wsss.config.schema.CRF_BLUR_DIRECTIONS`): the same float32 sums however many.
     """
 
     splat: Tensor
@@ -81,6 +83,7 @@ class Lattice:
     points: int
     neighbours: Tensor | None = None
     live: Tensor | None = None
+    blur_directions: int = 1
 
     def filter(self, values: Tensor, add_to: Tensor | None = None, workspace: Tensor | None = None) -> Tensor:
         """(N, C) values of the lattice's dtype -> (N, C) Gaussian-filtered values (``Permutohedral::compute``),
@@ -117,10 +120,12 @@ class Lattice:
         first of ``buffers`` (two (R, C) float32 blocks, R > ``points``, the second used between the blurs)."""
         if self.neighbours is None:
             raise RuntimeError("filter_fused needs a lattice built for the Triton kernels: build_lattice(fused=True)")
-        current, spare = buffers if len(self.neighbours) % 2 == 0 else buffers[::-1]  # the last blur's into the first
+        step = self.blur_directions
+        launches = [self.neighbours[j : j + step] for j in range(0, len(self.neighbours), step)]
+        current, spare = buffers if len(launches) % 2 == 0 else buffers[::-1]  # the last blur's into the first
         current, spare = current[: self.points + 1], spare[: self.points + 1]
         kernels.product(self.splat, values, current, live=self.live)
-        for neighbours in self.neighbours:
+        for neighbours in launches:
             kernels.blur(neighbours, current, spare, live=self.live)
             current, spare = spare, current
         return current
@@ -219,6 +224,7 @@ def build_lattice(
     reference_padding: bool = False,
     fused: bool = False,
     box: FixedBox | None = None,
+    blur_directions: int = 1,
 ) -> Lattice:
     """The lattice of ``features``, one separate lattice per image when ``sizes`` gives more than one.
 
@@ -244,6 +250,7 @@ def build_lattice(
             box nothing is read back and every shape depends on N alone: the lattice keeps N (d+1) points, the M
             real ones numbered as without a box, then empty ones (no entry, no neighbour), which filter to the same
             values.
+        blur_directions: With ``fused``, the directions blurred per launch (:attr:`Lattice.blur_directions`).
 
     Returns:
         The :class:`Lattice`, on the device of ``features``.
@@ -296,7 +303,8 @@ def build_lattice(
     slice_ = _csr(torch.arange(n + 1, device=device) * (d + 1), cols.reshape(-1),
                   weights.view(n, d + 1).gather(1, sort).reshape(-1) * float(alpha), (n, size), dtype)  # fmt: skip
     if fused:  # (d+1, 2, M)
-        return Lattice(splat=splat, slice=slice_, blur=[], points=m, neighbours=neighbours, live=live)
+        return Lattice(splat=splat, slice=slice_, blur=[], points=m, neighbours=neighbours, live=live,
+                       blur_directions=blur_directions)  # fmt: skip
     blur = []
     index = torch.int32 if 3 * size < 2**31 else torch.long  # once for every direction, as _csr keeps it
     own = torch.arange(1, size, dtype=index, device=device)
