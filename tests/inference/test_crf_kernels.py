@@ -244,6 +244,8 @@ def test_the_blur_kernel_refuses_what_it_cannot_read():
     values = torch.zeros(5, 3, device=DEVICE)
     with pytest.raises(ValueError, match="cannot take"):
         kernels.blur(neighbours[:, :3], values, torch.empty_like(values))
+    with pytest.raises(ValueError, match="cannot take"):  # more directions than one launch takes
+        kernels.blur(neighbours.expand(4, 2, 4), values, torch.empty_like(values))
     with pytest.raises(ValueError, match="float32"):
         kernels.blur(neighbours, values.double(), torch.empty_like(values))
     lattice = permutohedral.build_lattice(pixel_features(3, 4, 1.0).to(DEVICE), fused=True)
