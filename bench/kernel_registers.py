@@ -85,7 +85,7 @@ def kernels() -> list[tuple[str, object, dict[str, str], dict[str, int], dict[st
         *[("CRF product (wsss.inference.crf.kernels)", c._product_kernel, product, blocks, crf_warps)
           for blocks in crf],
         *[("CRF blur (wsss.inference.crf.kernels)", c._blur_kernel, blur,
-           dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(21, False), strict=True))
+           dict(zip(("BLOCK_ROWS", "BLOCK_CHANNELS"), c.blocks(21, False, directions), strict=True))
            | {"HAS_LIVE": live, "DIRECTIONS": directions}, crf_warps)
           for live, directions in ((False, 1), (True, 1), (False, 2), (False, 3))],
         *[("CRF simplices (wsss.inference.crf.kernels)", c._simplex_kernel, simplex, constants, crf_warps)

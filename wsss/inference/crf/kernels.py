@@ -42,6 +42,9 @@ from wsss.config import CRF_BLUR_DIRECTIONS
 # Blocks from the compiled register use (bench/kernel_registers.py: compiled for sm_90a without a GPU).
 TILE = 1024
 """Values per program: ``BLOCK_ROWS`` = this / ``BLOCK_CHANNELS``, within ``ROWS_RANGE``."""
+NESTED_TILE = 512
+"""Values per program of a blur of 2 or 3 directions in one launch: at 21 classes and 8 warps, 16 x 32 takes 52 and 71
+registers (32 and 24 warps per SM) where 32 x 32 took 106 and 122 (16)."""
 ROWS_RANGE = (8, 256)
 CHANNELS = 32
 """Channels per program at most, unless the program takes the rows' softmax (then all of a row's channels)."""
@@ -301,12 +304,13 @@ def _check(tensors: list[Tensor]) -> None:
                            "wsss.inference.crf.kernels is imported, or infer.crf.kernel='torch'")  # fmt: skip
 
 
-def blocks(channels: int, softmax: bool) -> tuple[int, int]:
-    """``(BLOCK_ROWS, BLOCK_CHANNELS)`` of a product over ``channels`` channels."""
+def blocks(channels: int, softmax: bool, directions: int = 1) -> tuple[int, int]:
+    """``(BLOCK_ROWS, BLOCK_CHANNELS)`` of a product over ``channels`` channels, or of a blur of ``directions``."""
     block_channels = triton.next_power_of_2(channels)
     if not softmax:
         block_channels = min(block_channels, CHANNELS)
-    return min(max(TILE // block_channels, ROWS_RANGE[0]), ROWS_RANGE[1]), block_channels
+    tile = TILE if directions == 1 else NESTED_TILE
+    return min(max(tile // block_channels, ROWS_RANGE[0]), ROWS_RANGE[1]), block_channels
 
 
 def product(matrix: Tensor, values: Tensor, out: Tensor, base: Tensor | None = None, softmax: bool = False,
@@ -387,7 +391,7 @@ def blur(neighbours: Tensor, values: Tensor, out: Tensor, live: Tensor | None = 
     if not all(t.dtype == torch.float32 and t.is_contiguous() for t in (values, out)):
         raise ValueError("the CRF blur kernel needs float32 values and contiguous dense blocks")
     if rows and channels:
-        block_rows, block_channels = blocks(channels, softmax=False)
+        block_rows, block_channels = blocks(channels, softmax=False, directions=len(grouped))
         grid = (triton.cdiv(rows, block_rows), triton.cdiv(channels, block_channels))
         _blur_kernel[grid](grouped, grouped.stride(1), grouped.stride(0), values, out, out if live is None else live,
                            rows, channels, DIRECTIONS=len(grouped), HAS_LIVE=live is not None,
