@@ -360,7 +360,7 @@ def traffic_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                           for lattices in sizes) / len(images)  # fmt: skip
             gathers = sum(blur_gathers(lattices, classes, cfg.iterations, directions) for lattices in sizes)
             off, equal = float("nan"), float("nan")
-            if references and paired and directions == 1:  # the same sums apart, or with more directions a launch
+            if references and paired and directions == 1:  # slices apart, more directions a launch: the same sums
                 Lattice.filter = half_storage(half)
                 try:
                     q = [dense_crf(i, torch.from_numpy(p), replace(cfg, kernel="torch")).numpy()

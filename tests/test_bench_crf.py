@@ -71,7 +71,7 @@ def test_the_traffic_table_reads_the_lattices_a_call_builds():
     order = ["float32, the slices apart (before)", "float32", "float16, Gaussian lattice", "float16, both lattices"]
     assert [mb[name] for name in order] == sorted(mb[name] for name in order)[::-1], mb
     nested = ["float32", "float32, 2 directions per blur", "float32, 3 directions per blur"]
-    assert [mb[name] for name in nested] == sorted(mb[name] for name in nested)[::-1], mb  # less traffic,
-    gathered = [float(rows[name][8]) for name in nested]
-    assert gathered == sorted(gathered), gathered  # more rows gathered
+    assert [mb[name] for name in nested] == sorted(mb[name] for name in nested)[::-1], mb  # more directions: less
+    gathered = [float(rows[name][8]) for name in nested]  # traffic, more rows gathered
+    assert gathered == sorted(gathered), gathered
     assert float(rows["float16, both lattices"][9]) > 1e-4  # the rounding shows in the marginals
