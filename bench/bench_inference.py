@@ -90,7 +90,7 @@ from wsss.inference.predictor import Segmenter
 from wsss.models import build_model
 from wsss.models.tta import tta_forward
 from wsss.utils.fileio import save_image
-from wsss.utils.tensors import fp32_precision
+from wsss.utils.tensors import model_precision
 
 CASES = {"voc": ((500, 375), ["configs/voc_centered.py", "configs/toy_centered.py"]),
          "coco": ((640, 480), ["configs/coco_centered.py"])}
@@ -120,6 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--mask-classes", choices=("present", "all"), help="infer.mask_classes (default: the config's)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="infer.dtype (default: the config's)")
     parser.add_argument("--outputs", nargs="+", default=[], choices=OUTPUTS,
                         help="more outputs per image, as tools/infer.py's flags (the gallery: --gallery)")
     parser.add_argument("--write-threads", type=int, nargs="+", default=[InferenceOptions.write_threads],
@@ -232,12 +233,17 @@ def time_loop(
     return best, best_cpu
 
 
+def infer_options(args: argparse.Namespace) -> dict[str, str]:
+    """The ``infer.*`` options ``--mask-classes`` and ``--dtype`` give."""
+    return {k: v for k, v in (("infer.mask_classes", args.mask_classes), ("infer.dtype", args.dtype)) if v}
+
+
 def loop_options(mode: str, args: argparse.Namespace, write_threads: int, **more) -> InferenceOptions:
     """The loop's options for ``mode`` (``more`` overrides)."""
-    infer = {"infer.mask_classes": args.mask_classes} if args.mask_classes else {}
     return InferenceOptions(**{**MODES[mode], "batch_size": args.batch_size, "overwrite": True,
                                "crf_workers": args.crf_workers, "write_threads": write_threads, "progress": False,
-                               "cfg_options": infer, **dict.fromkeys(args.outputs, True), **more})  # fmt: skip
+                               "cfg_options": infer_options(args), **dict.fromkeys(args.outputs, True),
+                               **more})  # fmt: skip
 
 
 def peak_allocated(events) -> int:
@@ -259,7 +265,7 @@ def peak_memory(ckpt: Path, images: Path, out: Path, mode: str, args: argparse.N
         torch.cuda.reset_peak_memory_stats()
         options = loop_options(mode, args, InferenceOptions.write_threads)
     else:  # the CRF here, its runs as a GPU's; PyTorch's products (Triton's kernels would run in the interpreter)
-        infer = {"infer.crf.kernel": "torch"} | ({"infer.mask_classes": args.mask_classes} if args.mask_classes else {})
+        infer = {"infer.crf.kernel": "torch", **infer_options(args)}
         options = loop_options(mode, args, InferenceOptions.write_threads, crf_workers=0, cfg_options=infer)
     cpu_runs = crf_module.CPU_RUN_PIXELS
     crf_module.CPU_RUN_PIXELS = None
@@ -299,7 +305,7 @@ def bench_config(
 ) -> tuple[list[tuple[str, str, float, float]], list[tuple[str, int]]]:
     """(row, mode, seconds for ``--num`` images, the loop thread's CPU seconds or NaN) of each ``--rows`` x
     ``--modes``; and with ``--memory`` (mode, peak bytes) of each mode."""
-    cfg = load_config(config, {"model.pretrained": ""})
+    cfg = load_config(config, {"model.pretrained": "", **infer_options(args)})
     classes = config_classes(cfg)
     model = build_model(cfg.model, num_classes=len(classes))
     mean, std = backbone_mean_std(cfg.model.backbone)
@@ -320,7 +326,7 @@ def bench_config(
                         time_loop(ckpt, images, out, mode, args, 1, threads)  # computes the free model's outputs
                         seconds, cpu = time_loop(ckpt, images, out, mode, args, args.repeats, threads)
                 else:
-                    with fp32_precision(cfg.infer.fp32_precision):  # as the Segmenter runs the model
+                    with model_precision(cfg.infer.fp32_precision, cfg.infer.dtype, args.device):  # as the Segmenter
                         seconds, cpu = time_model(model, mode, args), float("nan")
                 rows.append((name, mode, seconds, cpu))
                 rate = f"{args.num / seconds:.3f} images/s ({seconds:.2f} s)"

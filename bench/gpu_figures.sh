@@ -3,7 +3,7 @@
 # time-capped (the default steps at most 9.5 minutes in all):
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
-# all but train_fp32, loader, export and suite) choose among:
+# all but train_fp32, the two bf16 inference steps, loader, export and suite) choose among:
 #   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the
 #                          forward pass and the CAM pass in bf16 (train.amp, train.cam_dtype), each stage eager and as
 #                          a CUDA graph against its bound (the energy kernel's autotuner picks its blocks here);
@@ -14,6 +14,9 @@
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
 #                          loop and the model alone, single scale, ms + flip, + CRF; at COCO size (81 classes, every
 #                          class: the reference) with the peak GPU memory of each mode;
+#   infer_voc_bf16, infer_coco_bf16
+#                          (not by default) the same with the model in bf16 autocast (infer.dtype, docs/reference.md
+#                          row 23);
 #   crf                    the CRF alone, both kernels (the Triton one blurring 1, 2 and 3 directions per launch:
 #                          infer.crf.blur_directions), batch 1 and 16, with its peak CUDA memory and traffic bound,
 #                          the cases by their need (COCO's 81 classes first, VOC's 3 last);
@@ -60,6 +63,11 @@ for name in "${steps[@]}"; do
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 ;;
     infer_coco) step "$name" 90 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 ;;
+    infer_voc_bf16) step "$name" 75 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 16 \
+      --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 --dtype bfloat16 ;;
+    infer_coco_bf16) step "$name" 90 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
+      --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 \
+      --dtype bfloat16 ;;
     crf) step "$name" 60 bench/bench_crf.py --cuda-only --cuda-batches 1 16 --cuda-blur-directions 1 2 3 \
       --cases coco81 voc21 voc3 ;;
     loader) step "$name" 120 bench/bench_loader.py --workers 0 1 2 4 8 --batches 48 ;;
@@ -69,7 +77,7 @@ for name in "${steps[@]}"; do
       tests/inference/test_cuda_inference.py tests/engine/test_graphs.py ;;
     suite) step "$name" 300 "${pytest[@]}" tests ;;
     *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_lattice train_fp32 infer_voc" \
-      "infer_coco crf tests loader export suite)" >&2
+      "infer_coco infer_voc_bf16 infer_coco_bf16 crf tests loader export suite)" >&2
       exit 2 ;;
   esac
 done

@@ -214,23 +214,27 @@ def amp_effect(name: str, model: WSSSModel, cfg: Config, batch: dict, mean, std)
 
 def infer_precision_effect(checkpoint: str, cfg: Config, count: int) -> None:
     """Masks of the :class:`~wsss.inference.predictor.Segmenter` (the checkpoint's ``infer.*``: its scales + flip)
-    on the first ``count`` val images with TF32 products (emulated, :class:`TF32Products`) against float32: pixels
-    that differ, and mIoU each way."""
+    on the first ``count`` val images with TF32 products (emulated, :class:`TF32Products`) and under bf16 autocast
+    (``infer.dtype="bfloat16"``, on the CPU as a GPU would run it) against float32: pixels that differ, and mIoU each
+    way."""
     segmenter = Segmenter.from_checkpoint(checkpoint, device="cpu")
     root = Path(cfg.data.root)
     ids = read_split(root / "ImageSets" / "Segmentation" / f"{cfg.data.val_split}.txt")[:count]
     masks, scores = {}, {}
-    for name, mode in (("fp32", contextlib.nullcontext()), ("TF32", TF32Products())):
+    modes = (("fp32", contextlib.nullcontext()), ("TF32 products", TF32Products()),
+             ("bf16 autocast (infer.dtype)", torch.autocast("cpu", dtype=torch.bfloat16)))  # fmt: skip
+    for name, mode in modes:
         cm = ConfusionMatrix(len(segmenter.classes))
         with mode:
             masks[name] = [segmenter(root / "JPEGImages" / f"{i}.jpg").mask for i in ids]
         for i, mask in zip(ids, masks[name], strict=True):
             cm.update(mask, read_mask(root / cfg.data.mask_dir / f"{i}.png"))
         scores[name] = cm.compute()["mIoU"]
-    differ = sum(int((a != b).sum()) for a, b in zip(masks["fp32"], masks["TF32"], strict=True))
     total = sum(m.size for m in masks["fp32"])
-    row(f"toy (trained), {count} val images, masks at infer.scales + flip: pixels that differ, TF32 products vs fp32",
-        f"{differ} of {total}; mIoU {scores['TF32']:.2f} against {scores['fp32']:.2f}")  # fmt: skip
+    for name, _ in modes[1:]:
+        differ = sum(int((a != b).sum()) for a, b in zip(masks["fp32"], masks[name], strict=True))
+        row(f"toy (trained), {count} val images, masks at infer.scales + flip: pixels that differ, {name} vs fp32",
+            f"{differ} of {total}; mIoU {scores[name]:.2f} against {scores['fp32']:.2f}")  # fmt: skip
 
 
 def cam_alignment_effect(model: WSSSModel, cfg: Config, dataset: VOCClsDataset, mean, std, crop: int) -> None:

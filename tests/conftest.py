@@ -88,12 +88,31 @@ def tf32_flags() -> tuple[bool, bool]:
     return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
 
 
-def record_tf32_flags(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[tuple[bool, bool]]:
-    """``owner.name`` replaced by itself recording :func:`tf32_flags` at each call; the list it appends to."""
+def model_precision_seen() -> tuple[bool, bool, torch.dtype | None]:
+    """What a GPU's kernels of a model follow: :func:`tf32_flags`, and the dtype CUDA autocast casts to (None: off)."""
+    return (*tf32_flags(), torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None)
+
+
+MODEL_PRECISIONS = [("tf32", "float32", "cpu"), ("ieee", "bfloat16", "cpu"), ("tf32", "bfloat16", "cuda"),
+                    ("ieee", "float32", "cuda")]  # fmt: skip
+"""``(infer.fp32_precision, infer.dtype, device)`` cases: bf16 on a CPU is ignored; "cuda" is the emulated device
+(:func:`tests.fake_cuda.fake_cuda`)."""
+
+
+def expected_precision(mode: str, dtype: str, device: str) -> tuple[bool, bool, torch.dtype | None]:
+    """:func:`model_precision_seen` while a model runs as ``infer.fp32_precision=mode``, ``infer.dtype=dtype`` say on
+    ``device``."""
+    bf16 = dtype == "bfloat16" and device == "cuda"
+    return mode == "tf32", mode == "tf32", torch.bfloat16 if bf16 else None
+
+
+def record_at_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, probe=tf32_flags) -> list:
+    """``owner.name`` replaced by itself recording ``probe()`` (:func:`tf32_flags`) at each call; the list it appends
+    to."""
     seen, real = [], getattr(owner, name)
 
     def recorded(*args, **kwargs):
-        seen.append(tf32_flags())
+        seen.append(probe())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, recorded)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import record_tf32_flags, tf32_flags
+from tests.conftest import record_at_calls, tf32_flags
 from wsss import losses
 from wsss.losses import (
     DenseEnergyLoss,
@@ -88,7 +88,7 @@ def _round_tf32(x):
 def test_the_exact_kernel_computes_ieee_products_in_a_tf32_run(monkeypatch):
     """``train.fp32_precision="tf32"`` (the default) holds around the energy loss, yet the exact kernel's products run
     in IEEE float32 (what a GPU's cuBLAS reads; the CPU ignores it), and the run's setting comes back after it."""
-    seen = record_tf32_flags(monkeypatch, losses, "kernel_exponent_factors")
+    seen = record_at_calls(monkeypatch, losses, "kernel_exponent_factors")
     with fp32_precision("tf32"):
         gaussian_filter_dense(torch.randn(50, 5), torch.randn(50, 3), block_size=16)
         assert seen == [(False, False)] and tf32_flags() == (True, True)

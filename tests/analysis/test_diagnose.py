@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import record_tf32_flags, tf32_flags, tiny_config
+from tests.conftest import record_at_calls, tf32_flags, tiny_config
 from tools import diagnose as diagnose_cli
 from wsss.analysis import diagnose as diagnose_module
 from wsss.analysis.diagnose import (
@@ -106,7 +106,7 @@ def test_the_models_run_with_ieee_float32_products(monkeypatch):
     """On a GPU the statistics are the CPU's: TF32 products (PyTorch's default for convolutions, the patch embedding)
     would err by up to half the numerical-rank threshold. The process's flags are back after the run."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # PyTorch's default for convolutions
-    seen, before = record_tf32_flags(monkeypatch, diagnose_module, "layer_stats"), tf32_flags()
+    seen, before = record_at_calls(monkeypatch, diagnose_module, "layer_stats"), tf32_flags()
     models = {name: ModelEntry(tiny_backbone(name), MEAN, STD) for name in ("vanilla", "centered")}
     diagnose(models, random_images(2))
     assert seen == [(False, False)] * 4 and tf32_flags() == before

@@ -75,6 +75,7 @@ PAPER_CONSTANTS = {
     "infer.scales": (1.0, 1.25, 1.5),
     "infer.flip": True,
     "infer.fp32_precision": "tf32",  # as train.fp32_precision
+    "infer.dtype": "float32",  # the reference's inference casts nothing
     "infer.crf.gaussian_sxy": 1.0,
     "infer.crf.gaussian_compat": 1.0,
     "infer.crf.bilateral_sxy": 121.0,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import record_tf32_flags, tf32_flags, tiny_config
+from tests.conftest import record_at_calls, tf32_flags, tiny_config
 from tools import train as train_cli
 from wsss.config import dump_config
 from wsss.engine.checkpoint import LAST_CHECKPOINT
@@ -61,7 +61,7 @@ def test_resume_is_exact_when_validating_at_the_checkpoint(tiny_voc, tmp_path):
 def test_a_run_computes_float32_products_as_the_config_says(tiny_voc, tmp_path, monkeypatch, mode):
     """``train.fp32_precision`` holds for every step of the run (the flags a GPU's cuBLAS and cuDNN read; the CPU
     ignores them), and the process's own setting comes back after it."""
-    seen, before = record_tf32_flags(monkeypatch, TrainingStep, "__call__"), tf32_flags()
+    seen, before = record_at_calls(monkeypatch, TrainingStep, "__call__"), tf32_flags()
     train(tiny_config(tiny_voc, max_iters=2, fp32_precision=mode), work_dir=tmp_path / "w", device="cpu")
     assert len(seen) == 2 and set(seen) == {(mode == "tf32",) * 2}
     assert tf32_flags() == before

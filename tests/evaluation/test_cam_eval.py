@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY_CLASSES, record_tf32_flags, resized_copy, tf32_flags, tiny_config
+from tests.conftest import (
+    MODEL_PRECISIONS,
+    TINY_CLASSES,
+    expected_precision,
+    model_precision_seen,
+    record_at_calls,
+    resized_copy,
+    tiny_config,
+)
+from tests.fake_cuda import fake_cuda, needs_fake_cuda
 from tools import eval_cams as eval_cams_cli
 from wsss.cam import cam_to_label, multiscale_cam
 from wsss.data.transforms import backbone_mean_std, denormalize
@@ -228,13 +237,17 @@ def test_the_cpu_reads_the_images_itself_and_gives_the_model_every_thread(tiny_v
     assert counted == [0, 2]
 
 
-@pytest.mark.parametrize("mode", ["tf32", "ieee"])
-def test_the_cam_pass_runs_with_the_configured_float32_products(tiny_voc, random_checkpoint, monkeypatch, mode):
-    """``infer.fp32_precision`` holds while the CAMs are computed (the flags a GPU's cuBLAS and cuDNN read), not
-    after."""
+@needs_fake_cuda
+@pytest.mark.parametrize(("mode", "dtype", "device"), MODEL_PRECISIONS)
+def test_the_cam_pass_runs_with_the_configured_precision(tiny_voc, random_checkpoint, monkeypatch, mode, dtype, device):
+    """``infer.fp32_precision`` (the flags a GPU's cuBLAS and cuDNN read) and ``infer.dtype`` (bf16 autocast on a GPU,
+    ignored on a CPU) hold while the CAMs are computed, not after."""
     _, model, cfg, mean, std = random_checkpoint
-    cfg = dataclasses.replace(cfg, infer=dataclasses.replace(cfg.infer, fp32_precision=mode))
-    seen, before = record_tf32_flags(monkeypatch, cam_eval, "multiscale_cam"), tf32_flags()
-    evaluate_cams(model, VOCSegDataset(cfg.data, mean, std, split="train"), cfg, [0.5], "cpu", progress=False)
-    assert seen and set(seen) == {(mode == "tf32",) * 2}
-    assert tf32_flags() == before
+    cfg = dataclasses.replace(cfg, infer=dataclasses.replace(cfg.infer, fp32_precision=mode, dtype=dtype))
+    seen = record_at_calls(monkeypatch, cam_eval, "multiscale_cam", model_precision_seen)
+    before = model_precision_seen()
+    dataset = VOCSegDataset(cfg.data, mean, std, split="train")
+    with fake_cuda():  # CUDA autocast "available" on either device
+        evaluate_cams(model.to(device), dataset, cfg, [0.5], device, progress=False)
+    assert seen and set(seen) == {expected_precision(mode, dtype, device)}
+    assert model_precision_seen() == before

@@ -26,6 +26,8 @@ def test_the_line_names_every_setting():
     assert "(step unknown)" in line and "scales (1), flip off, CRF off, mask_classes all, max_size uncapped" in line
     assert protocol(max_size=None).line().endswith("mask_classes present")
     assert protocol(fp32_precision="tf32").line().endswith("max_size 1024, float32 products tf32")  # on a GPU
+    assert protocol(fp32_precision="tf32", dtype="bfloat16").line().endswith(
+        "max_size 1024, model bf16 autocast, float32 products tf32")  # fmt: skip
 
 
 def test_full_val_on_voc_needs_all_1449_images():
@@ -58,13 +60,13 @@ def test_round_trip_through_json():
 
 
 def test_a_protocol_written_before_max_size_and_scored_is_read_as_scored():
-    """Files of older versions record none of the three: every run then was scored, and its max_size and float32
-    products are unknown."""
-    data = protocol(max_size=1024, fp32_precision="ieee").to_dict()
-    assert EvalProtocol.from_dict(data).fp32_precision == "ieee"
-    for name in ("max_size", "scored", "fp32_precision"):  # as files written before each was recorded
+    """Files of older versions record none of the four: every run then was scored and ran its model in float32, and
+    its max_size and float32 products are unknown."""
+    data = protocol(max_size=1024, fp32_precision="ieee", dtype="bfloat16").to_dict()
+    assert (EvalProtocol.from_dict(data).fp32_precision, EvalProtocol.from_dict(data).dtype) == ("ieee", "bfloat16")
+    for name in ("max_size", "scored", "fp32_precision", "dtype"):  # as files written before each was recorded
         del data[name]
-    assert EvalProtocol.from_dict(data) == protocol(max_size=None, scored=True, fp32_precision=None)
+    assert EvalProtocol.from_dict(data) == protocol(max_size=None, scored=True, fp32_precision=None, dtype="float32")
     del data["split"]
     with pytest.raises(ValueError, match="^protocol without split$"):
         EvalProtocol.from_dict(data)

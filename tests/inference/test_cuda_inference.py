@@ -8,6 +8,8 @@ device in tests/inference/test_crf.py, and `make gpu-check` compares the whole C
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,23 +231,30 @@ def test_the_cam_evaluation_never_waits_for_the_device_per_image(toy_checkpoint)
     assert [result.cam[t].summary for t in (0.3, 0.5)] == [expected.cam[t].summary for t in (0.3, 0.5)]
 
 
-@pytest.mark.parametrize("mode", ["tf32", "ieee"])
-def test_a_score_on_the_gpu_names_its_float32_products(toy_checkpoint, tmp_path, monkeypatch, mode):
+@pytest.mark.parametrize(("mode", "dtype"), [("tf32", "float32"), ("ieee", "bfloat16")])
+def test_a_score_on_the_gpu_names_its_precision(toy_checkpoint, tmp_path, monkeypatch, mode, dtype):
     """tools/test.py's protocol (printed, and in metrics.json beside the folder run's run.json) and tools/eval_cams.py's
-    (cam_eval.json) name ``infer.fp32_precision`` where the model ran on a GPU (docs/reference.md row 21)."""
+    (cam_eval.json) name ``infer.fp32_precision`` and ``infer.dtype`` where the model ran on a GPU (docs/reference.md
+    rows 21, 23)."""
     root, ckpt = toy_checkpoint
     if not REAL_GPU:  # one process on the emulated device (the real one checks for CUDA and selects cuda:0)
         for module in (split_eval, cam_eval):
             monkeypatch.setattr(module, "init_distributed", lambda device: DistInfo(device=torch.device(device)))
-    cfg = apply_options(config_from_checkpoint(read_model_file(ckpt)), {"infer.fp32_precision": mode})
+    options = {"infer.fp32_precision": mode, "infer.dtype": dtype}
+    cfg = apply_options(config_from_checkpoint(read_model_file(ckpt)), options)
     with fake_cuda():
         result = split_eval.evaluate_checkpoint(cfg, ckpt, tmp_path / "test", device="cuda", progress=False)
         _, cam_file = run_cam_eval(ckpt, "val", out=tmp_path / "cams", device="cuda", progress=False)
-    assert result.protocol.fp32_precision == mode and result.protocol.line().endswith(f", float32 products {mode}")
-    assert json.loads(result.metrics_file.read_text())["protocol"]["fp32_precision"] == mode
-    assert json.loads((tmp_path / "test" / "run.json").read_text())["fp32_precision"] == mode
-    trained = config_from_checkpoint(read_model_file(ckpt)).infer.fp32_precision  # eval_cams: the checkpoint's
-    assert json.loads(cam_file.read_text())["protocol"]["fp32_precision"] == trained == "ieee"  # (tiny_config's)
+    autocast = ", model bf16 autocast" if dtype == "bfloat16" else ""
+    assert (result.protocol.fp32_precision, result.protocol.dtype) == (mode, dtype)
+    assert result.protocol.line().endswith(f"{autocast}, float32 products {mode}")
+    for written in (json.loads(result.metrics_file.read_text())["protocol"],
+                    json.loads((tmp_path / "test" / "run.json").read_text())):  # fmt: skip
+        assert (written["fp32_precision"], written["dtype"]) == (mode, dtype)
+    trained = config_from_checkpoint(read_model_file(ckpt)).infer  # eval_cams: the checkpoint's (tiny_config's)
+    written = json.loads(cam_file.read_text())["protocol"]
+    assert (written["fp32_precision"], written["dtype"]) == (trained.fp32_precision, trained.dtype)
+    assert trained.dtype == "float32" and trained.fp32_precision == "ieee"
 
 
 def test_a_pseudo_label_export_records_its_float32_products_without_comparing_them(toy_checkpoint, tmp_path):
@@ -264,6 +273,64 @@ def test_a_pseudo_label_export_records_its_float32_products_without_comparing_th
         assert summary.done == (1 if device == "cuda" else 0) and summary.existing == count - summary.done
         run = json.loads((out / "run.json").read_text())
         assert run["fp32_precision"] == (mode if device == "cuda" else None) and "mixed_with" not in run
+
+
+def test_a_pseudo_label_export_in_bf16_never_mixes_with_float32_masks(toy_checkpoint, tmp_path):
+    """``infer.dtype`` is one of the export's settings: a resume in the other precision over its masks is refused
+    (bf16 moves more than float rounding; docs/reference.md row 23). A CPU's export is float32 whatever the setting,
+    and a run.json written before the setting existed stands for float32."""
+    root, ckpt = toy_checkpoint
+    split = tmp_path / "split.txt"
+    out = tmp_path / "out"
+
+    def export(count: int, dtype: str, device: str):
+        split.write_text("\n".join(f"train_{i:05d}" for i in range(count)) + "\n")
+        options = {"par.kernel": "torch", "infer.crf.kernel": "torch", "infer.dtype": dtype}
+        with fake_cuda():
+            return export_pseudo_labels(ckpt, out, ExportOptions(split=str(split), cfg_options=options, progress=False,
+                                                                 num_workers=0), device)  # fmt: skip
+
+    assert export(1, "bfloat16", "cuda").done == 1
+    assert json.loads((out / "run.json").read_text())["dtype"] == "bfloat16"
+    for dtype, device in (("float32", "cuda"), ("bfloat16", "cpu")):
+        with pytest.raises(ValueError, match=r"other settings \(dtype differ"):
+            export(2, dtype, device)
+    assert export(2, "bfloat16", "cuda").done == 1
+    shutil.rmtree(out)
+    assert export(1, "bfloat16", "cpu").done == 1  # ignored on a CPU: float32
+    run = json.loads((out / "run.json").read_text())
+    assert run.pop("dtype") == "float32"
+    (out / "run.json").write_text(json.dumps(run))  # as written before infer.dtype
+    summary = export(2, "float32", "cuda")
+    assert (summary.done, summary.existing) == (1, 1)
+
+
+def test_a_folder_run_in_bf16_names_its_precision_when_it_resumes_one_in_float32(toy_checkpoint, tmp_path):
+    """The folder run's ``dtype`` is a setting that changes outputs (docs/reference.md row 23): resumed in the other
+    precision, the run keeps the earlier masks and says so; a run.json written before the setting stands for float32.
+    The model's bf16 masks on the (emulated) GPU are the float32 ones but for near ties."""
+    root, ckpt = toy_checkpoint
+    images = sorted((root / "JPEGImages").glob("*.jpg"))[:2]
+    listing = tmp_path / "list.txt"
+
+    def run(count: int, dtype: str, out: Path):
+        listing.write_text("\n".join(p.name for p in images[:count]) + "\n")
+        options = InferenceOptions(cfg_options={"infer.dtype": dtype}, num_workers=0, progress=False)
+        with fake_cuda():
+            return run_inference(ckpt, root / "JPEGImages", out, list_path=listing, options=options, device="cuda")
+
+    assert run(1, "bfloat16", tmp_path / "bf16").notes == []
+    assert json.loads((tmp_path / "bf16" / "run.json").read_text())["dtype"] == "bfloat16"
+    summary = run(2, "float32", tmp_path / "bf16")
+    assert (summary.done, summary.existing) == (1, 1)
+    assert any("other settings (dtype)" in note for note in summary.notes), summary.notes
+    assert run(2, "float32", tmp_path / "fp32").done == 2
+    for mask in (f"masks/{p.stem}.png" for p in images):  # the first image's: bf16 (kept) against float32
+        same = read_mask(tmp_path / "bf16" / mask) == read_mask(tmp_path / "fp32" / mask)
+        assert same.mean() >= 0.99, (mask, same.mean())
+    run_file = tmp_path / "fp32" / "run.json"
+    run_file.write_text(json.dumps({k: v for k, v in json.loads(run_file.read_text()).items() if k != "dtype"}))
+    assert run(2, "float32", tmp_path / "fp32").notes == []  # nothing to redo, nothing changed
 
 
 def test_the_evaluator_counts_on_cuda_as_on_the_cpu():

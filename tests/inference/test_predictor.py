@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import record_tf32_flags, tf32_flags
+from tests.conftest import MODEL_PRECISIONS, expected_precision, model_precision_seen, record_at_calls
+from tests.fake_cuda import fake_cuda, needs_fake_cuda
 from tools import infer as infer_cli
 from wsss.data.transforms import normalize
 from wsss.inference import predictor
@@ -366,12 +367,17 @@ def test_present_names_only_classes_the_mask_shows(segmenter, monkeypatch, crf):
     assert result.present == [segmenter.classes[2]] and list(result.cams) == result.present
 
 
-@pytest.mark.parametrize("mode", ["tf32", "ieee"])
-def test_the_model_runs_with_the_configured_float32_products(toy_checkpoint, monkeypatch, mode):
-    """``infer.fp32_precision`` holds while the model runs (the flags a GPU's cuBLAS and cuDNN read), not after."""
+@needs_fake_cuda
+@pytest.mark.parametrize(("mode", "dtype", "device"), MODEL_PRECISIONS)
+def test_the_model_runs_with_the_configured_precision(toy_checkpoint, monkeypatch, mode, dtype, device):
+    """``infer.fp32_precision`` (the flags a GPU's cuBLAS and cuDNN read) and ``infer.dtype`` (bf16 autocast on a GPU,
+    ignored on a CPU) hold while the model runs, not after; the outputs are float32 either way."""
     root, ckpt_path = toy_checkpoint
-    infer = dataclasses.replace(config_from_checkpoint(load_checkpoint(ckpt_path)).infer, fp32_precision=mode)
-    segmenter = Segmenter.from_checkpoint(ckpt_path, device="cpu", infer=infer)
-    seen, before = record_tf32_flags(monkeypatch, predictor, "tta_forward"), tf32_flags()
-    segmenter(root / "JPEGImages" / "val_00000.jpg")
-    assert seen == [(mode == "tf32",) * 2] and tf32_flags() == before
+    infer = config_from_checkpoint(load_checkpoint(ckpt_path)).infer
+    infer = dataclasses.replace(infer, fp32_precision=mode, dtype=dtype)
+    seen, before = record_at_calls(monkeypatch, predictor, "tta_forward", model_precision_seen), model_precision_seen()
+    with fake_cuda():  # CUDA autocast "available" on either device
+        segmenter = Segmenter.from_checkpoint(ckpt_path, device=device, infer=infer)
+        out = segmenter.forward([read_image(root / "JPEGImages" / "val_00000.jpg")], cams=True)
+    assert seen == [expected_precision(mode, dtype, device)] and model_precision_seen() == before
+    assert {out.seg.dtype, out.cam.dtype, out.cls_logits.dtype} == {torch.float32}

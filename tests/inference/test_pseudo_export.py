@@ -19,7 +19,15 @@ import torch
 from mmengine.config import Config as MMConfig
 from PIL import Image
 
-from tests.conftest import assert_same_files, record_tf32_flags, resized_copy, tf32_flags
+from tests.conftest import (
+    MODEL_PRECISIONS,
+    assert_same_files,
+    expected_precision,
+    model_precision_seen,
+    record_at_calls,
+    resized_copy,
+)
+from tests.fake_cuda import fake_cuda, needs_fake_cuda
 from tools import eval as eval_cli
 from tools import make_pseudo_labels as export_cli
 from wsss.data.labels import load_labels
@@ -108,20 +116,24 @@ def test_one_pixel_high_images_get_masks(toy_checkpoint):
         assert certain.shape == dense.shape == size and dense.max() < len(raw_ckpt["classes"])
 
 
-@pytest.mark.parametrize("mode", ["tf32", "ieee"])
-def test_the_cam_pass_runs_with_the_configured_float32_products(toy_checkpoint, monkeypatch, mode):
-    """``infer.fp32_precision`` holds while the export's CAMs are computed (the flags a GPU's cuBLAS and cuDNN
-    read), not after."""
+@needs_fake_cuda
+@pytest.mark.parametrize(("mode", "dtype", "device"), MODEL_PRECISIONS)
+def test_the_cam_pass_runs_with_the_configured_precision(toy_checkpoint, monkeypatch, mode, dtype, device):
+    """``infer.fp32_precision`` (the flags a GPU's cuBLAS and cuDNN read) and ``infer.dtype`` (bf16 autocast on a GPU,
+    ignored on a CPU) hold while the export's CAMs are computed, not after."""
     _, ckpt = toy_checkpoint
     model, raw_ckpt = model_from_checkpoint(ckpt)
     cfg = config_from_checkpoint(raw_ckpt)
-    cfg = dataclasses.replace(cfg, infer=dataclasses.replace(cfg.infer, fp32_precision=mode))
+    cfg = dataclasses.replace(cfg, infer=dataclasses.replace(cfg.infer, fp32_precision=mode, dtype=dtype),
+                              par=dataclasses.replace(cfg.par, kernel="torch"))  # fmt: skip
     mean, std = tuple(raw_ckpt["mean"]), tuple(raw_ckpt["std"])
-    image = normalize(np.full((24, 32, 3), 90, np.uint8), mean, std)[None]
-    seen, before = record_tf32_flags(monkeypatch, export_module, "multiscale_cam"), tf32_flags()
-    pseudo_masks(model.eval(), image, torch.ones(1, len(raw_ckpt["classes"]) - 1), cfg, mean, std,
-                 PAR.from_config(cfg.par))  # fmt: skip
-    assert seen == [(mode == "tf32",) * 2] and tf32_flags() == before
+    seen = record_at_calls(monkeypatch, export_module, "multiscale_cam", model_precision_seen)
+    before = model_precision_seen()
+    with fake_cuda():  # CUDA autocast "available" on either device
+        image = normalize(np.full((24, 32, 3), 90, np.uint8), mean, std, device)[None]
+        labels = torch.ones(1, len(raw_ckpt["classes"]) - 1, device=device)
+        pseudo_masks(model.eval().to(device), image, labels, cfg, mean, std, PAR.from_config(cfg.par).to(device))
+    assert seen == [expected_precision(mode, dtype, device)] and model_precision_seen() == before
 
 
 def test_crf_refines_each_stack_before_the_thresholds_combine(toy_checkpoint, tmp_path):

@@ -55,7 +55,7 @@ from wsss.par import PAR
 from wsss.pseudo_label import combine_dual_threshold, refine_cams_with_par
 from wsss.utils.distributed import init_distributed, raise_on_every_rank, rank_and_world
 from wsss.utils.fileio import atomic_write_bytes, atomic_write_text, save_mask
-from wsss.utils.tensors import fp32_precision, fp32_products, to_device
+from wsss.utils.tensors import fp32_products, model_dtype, model_precision, to_device
 
 __all__ = ["CamEvalResult", "default_work_dir", "evaluate_cams", "parse_thresholds", "run_cam_eval", "sweep_labels"]
 
@@ -266,7 +266,7 @@ def evaluate_cams(
         masks = torch.stack([item["mask"] for item in batch])
         present = torch.stack([labels_from_mask(m, num_classes) for m in masks])  # on the host: no read of the device
         images, gt, labels = (to_device(x, device) for x in (torch.stack([i["image"] for i in batch]), masks, present))
-        with fp32_precision(cfg.infer.fp32_precision):
+        with model_precision(cfg.infer.fp32_precision, cfg.infer.dtype, device):
             cam = multiscale_cam(cam_fn, images, labels, cfg.cam.scales, one_image_at_a_time=True)
         for cm, pred in zip(cams_cm, sweep_labels(cam, labels, thresholds), strict=True):
             cm.update(pred, gt)
@@ -381,7 +381,7 @@ def run_cam_eval(
         checkpoint=str(checkpoint), step=ckpt.get("step"), split=split, num_images=result.num_images,
         split_images=len(dataset), val_split=cfg.data.val_split, voc=is_voc(dataset.classes),
         scales=tuple(cfg.cam.scales), flip=True, crf=False, mask_classes="ground-truth labels",
-        fp32_precision=fp32_products(cfg.infer.fp32_precision, device),
+        fp32_precision=fp32_products(cfg.infer.fp32_precision, device), dtype=model_dtype(cfg.infer.dtype, device),
     )  # fmt: skip
     result.info = {"checkpoint": str(checkpoint), "data_root": cfg.data.root, "split": split, **result.info,
                    "protocol": protocol.to_dict()}  # fmt: skip

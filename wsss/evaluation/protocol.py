@@ -5,7 +5,7 @@
 key ``protocol``); ``tools/report.py`` reads it back from there, so a table never shows a number without the
 settings that produced it: test-time scales and flip, CRF on or off, which classes the masks may hold, the split with
 its number of images (and whether it is the full val set), the checkpoint with its training step, and on a GPU how
-it computed float32 products.
+it computed float32 products and whether the model ran in bf16.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from wsss.config import fits_float
 from wsss.data.classes import VOC_CLASSES
 from wsss.evaluation.paper_tables import VOC_SPLIT_IMAGES
 
-LATER_FIELDS = {"max_size": None, "scored": True, "fp32_precision": None}
+LATER_FIELDS = {"max_size": None, "scored": True, "fp32_precision": None, "dtype": "float32"}
 """Fields a protocol written by an older version lacks, with the value they stand for there (every run was scored;
-``max_size`` and the float32 products were not recorded)."""
+``max_size`` and the float32 products were not recorded; every model ran in float32)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class EvalProtocol:
         scored: The predictions were scored against ground truth (False: ``--format-only``).
         fp32_precision: A GPU's float32 products while the model ran (``infer.fp32_precision``: ``tf32`` or
             ``ieee``); None on a CPU, or not recorded.
+        dtype: The model's precision (``infer.dtype`` on a GPU: ``float32`` or ``bfloat16``, bf16 autocast; a CPU's
+            is ``float32``).
     """
 
     checkpoint: str
@@ -62,6 +64,7 @@ class EvalProtocol:
     max_size: int | None = None
     scored: bool = True
     fp32_precision: str | None = None
+    dtype: str = "float32"
 
     @property
     def full_val(self) -> bool:
@@ -87,11 +90,12 @@ class EvalProtocol:
 
     def line(self) -> str:
         """One line: ``protocol: checkpoint ...; split ...; scales ..., flip on, CRF off, mask_classes ...`` (and on a
-        GPU ``, float32 products tf32``)."""
+        GPU ``, float32 products tf32``, with ``, model bf16 autocast`` before it where the model ran so)."""
         step = "step unknown" if self.step is None else f"step {self.step}"
         scales = ", ".join(f"{s:g}" for s in self.scales)
         size = "" if self.max_size is None else f", max_size {self.max_size or 'uncapped'}"
-        products = "" if self.fp32_precision is None else f", float32 products {self.fp32_precision}"
+        products = "" if self.dtype == "float32" else ", model bf16 autocast"
+        products += "" if self.fp32_precision is None else f", float32 products {self.fp32_precision}"
         return (
             f"protocol: checkpoint {Path(self.checkpoint).name} ({step}); {self.split_text()}; scales ({scales}), "
             f"flip {'on' if self.flip else 'off'}, CRF {'on' if self.crf else 'off'}, mask_classes "

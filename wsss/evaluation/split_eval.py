@@ -29,6 +29,7 @@ from wsss.evaluation.metrics import ConfusionMatrix, SegMetrics
 from wsss.evaluation.protocol import EvalProtocol, is_voc
 from wsss.evaluation.voc_submission import ARCHIVE_NAME, Submission, write_archive, write_submission
 from wsss.inference.folder.layout import OutputLayout
+from wsss.inference.folder.plan import LATER_SETTINGS
 from wsss.inference.folder.runner import InferenceOptions, InferenceSummary, run_inference
 from wsss.inference.folder.sources import writing
 from wsss.model_file import model_settings_warning, read_model_file
@@ -162,9 +163,9 @@ def evaluate_checkpoint(
 def _inference_settings(predicted: Path) -> dict[str, Any]:
     """The protocol's inference settings as the run recorded them in ``run.json`` (written before any mask)."""
     run = json.loads((predicted / "run.json").read_text())
-    return {"scales": tuple(run["scales"]), "flip": run["flip"], "crf": run["crf"],
-            "mask_classes": run["mask_classes"], "max_size": run["max_size"],
-            "fp32_precision": run.get("fp32_precision")}  # fmt: skip
+    return {"scales": tuple(run["scales"]), "flip": run["flip"], "crf": run["crf"], "mask_classes": run["mask_classes"],
+            "max_size": run["max_size"], "fp32_precision": run.get("fp32_precision"),
+            "dtype": run.get("dtype", LATER_SETTINGS["dtype"])}  # fmt: skip
 
 
 def _submit(masks: Path, out: Path, ids: list[str], protocol: EvalProtocol, record: Path) -> Submission:

@@ -66,7 +66,7 @@ from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_
 from wsss.models.tta import TTAOutput, predicted_classes, tta_forward
 from wsss.utils.distributed import rank_and_world
 from wsss.utils.fileio import image_to_rgb, read_image
-from wsss.utils.tensors import argmax, fp32_precision, to_device
+from wsss.utils.tensors import argmax, model_precision, to_device
 
 __all__ = [
     "BandResize", "BatchOutputs", "Segmentation", "Segmenter", "as_rgb", "classes_shown", "longest_side", "model_size",
@@ -424,7 +424,7 @@ class Segmenter:
         size = tuple(images[0].shape[:2])
         small = model_size(size, max_size)
         x = torch.stack([self.model_input(raw, small, max_size**2) for raw in images])
-        with fp32_precision(self.cfg.fp32_precision):
+        with model_precision(self.cfg.fp32_precision, self.cfg.dtype, self.device):
             out = tta_forward(self.model, x, scales, flip, cams=cams)
         return BatchOutputs(out, size, max_size**2)
 

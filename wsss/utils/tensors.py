@@ -1,4 +1,4 @@
-"""Tensor operations where torch's own is slow on the CPU, and the precision of a GPU's float32 products."""
+"""Tensor operations where torch's own is slow on the CPU, and the precision of a GPU's products."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import Tensor
 
 from wsss.config import FP32_PRECISIONS
 
-__all__ = ["argmax", "fp32_precision", "fp32_products", "to_device"]
+__all__ = ["argmax", "fp32_precision", "fp32_products", "model_dtype", "model_precision", "to_device"]
 
 
 def argmax(x: Tensor, dim: int) -> Tensor:
@@ -56,3 +56,18 @@ def fp32_products(mode: str, device: torch.device | str) -> str | None:
     """What ``fp32_precision(mode)`` makes of ``device``'s float32 products, as a run records it: ``mode`` on a GPU,
     None on a CPU (IEEE whatever the mode)."""
     return mode if torch.device(device).type == "cuda" else None
+
+
+def model_dtype(dtype: str, device: torch.device | str) -> str:
+    """What ``infer.dtype`` makes of the model on ``device``, as a run records it: ``dtype`` on a GPU, ``"float32"`` on
+    a CPU (where the setting is ignored)."""
+    return dtype if torch.device(device).type == "cuda" else "float32"
+
+
+@contextlib.contextmanager
+def model_precision(mode: str, dtype: str, device: torch.device | str) -> Iterator[None]:
+    """A model at inference on ``device``: its float32 products as :func:`fp32_precision` ``(mode)`` says, and with
+    ``dtype="bfloat16"`` on a GPU under bf16 autocast (``infer.fp32_precision``, ``infer.dtype``)."""
+    bf16 = model_dtype(dtype, device) == "bfloat16"
+    with fp32_precision(mode), torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        yield

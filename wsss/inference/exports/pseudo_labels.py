@@ -21,10 +21,10 @@ probabilities, goes through the dense CRF (``infer.crf.*``; the three together o
 combined by the same rule, so pixels stay 255 where the CRF-refined stacks disagree (AffinityNet's CRF of the low and
 high background scores): the CRF moves the uncertain band to image edges, it never fills it.
 
-The CAM pass runs in eval mode and float32. The training step runs it in train mode (the reference's habit), which
-equals eval mode when ``model.drop_path_rate`` is 0 and there is no dropout, the reference config; with drop-path
-train mode would make the masks random. ``train.cam_dtype`` (bf16 on a GPU) is a training speed option and is not
-followed here.
+The CAM pass runs in eval mode and float32 (on a GPU in bf16 autocast with ``infer.dtype="bfloat16"``, recorded in
+``run.json``). The training step runs it in train mode (the reference's habit), which equals eval mode when
+``model.drop_path_rate`` is 0 and there is no dropout, the reference config; with drop-path train mode would make the
+masks random. ``train.cam_dtype`` (bf16 on a GPU) is a training speed option and is not followed here.
 
 Sharding: every rank lists the same sorted ids and takes :func:`~wsss.inference.folder.sources.own_shard` of them
 (balanced
@@ -80,6 +80,7 @@ from wsss.inference.crf import CrfPool
 from wsss.inference.exports.second_stage import write_second_stage
 from wsss.inference.folder.batching import ImageList, SizeBuckets, default_batch_size, identity
 from wsss.inference.folder.loop import FileWriters
+from wsss.inference.folder.plan import LATER_SETTINGS
 from wsss.inference.folder.runner import check_bounds
 from wsss.inference.folder.sources import Source, own_shard, save_output, writing
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
@@ -91,7 +92,7 @@ from wsss.utils.fileio import IMAGE_EXTENSIONS, atomic_write_text, remove_stale_
 from wsss.utils.folder_lock import hold_lock
 from wsss.utils.lifetime import die_with_parent
 from wsss.utils.startup import threads_beside
-from wsss.utils.tensors import fp32_precision, fp32_products, to_device
+from wsss.utils.tensors import fp32_products, model_dtype, model_precision, to_device
 
 __all__ = ["DENSE_DIR", "PSEUDO_DIR", "ExportOptions", "ExportSummary", "PendingMasks", "export_pseudo_labels",
            "pseudo_masks", "submit_pseudo_masks"]
@@ -279,7 +280,7 @@ def submit_pseudo_masks(
     whole batch come to the host in one copy; with ``crf`` each image's three stacks are queued as one job (with CRF
     workers the call returns before they finish, so the next batch's CAMs run beside them). ``counts``: the number of
     classes in each row of ``labels``, counted on the host (None: read from the device, a sync)."""
-    with fp32_precision(cfg.infer.fp32_precision):
+    with model_precision(cfg.infer.fp32_precision, cfg.infer.dtype, images.device):
         cams = multiscale_cam(model.cam, images, labels, cfg.cam.scales, one_image_at_a_time=True)
     rgb = denormalize(images.float(), mean, std)
     planes = (cfg.cam.fg_thresh, cfg.cam.bg_thresh, cfg.cam.infer_bg_thresh)
@@ -326,7 +327,7 @@ def export_pseudo_labels(
         ImportError: ``crf`` without pydensecrf2.
     """
     opts = options or ExportOptions()
-    plan = _plan(checkpoint, Path(output), opts)  # every check that needs no OUT: a refusal creates nothing
+    plan = _plan(checkpoint, Path(output), opts, device)  # every check that needs no OUT: a refusal creates nothing
     with _own_output(plan.output):
         return _run(plan, opts, device)
 
@@ -351,7 +352,7 @@ class _Plan:
         return all(p.is_file() for p in self.paths[image_id])
 
 
-def _plan(checkpoint: str | Path, output: Path, opts: ExportOptions) -> _Plan:
+def _plan(checkpoint: str | Path, output: Path, opts: ExportOptions, device: str | torch.device) -> _Plan:
     check_bounds([("--crf-workers", opts.crf_workers, 0, ""), ("--batch-size", opts.batch_size, 1, ""),
                   ("--workers", opts.num_workers, 0, ""), ("--write-threads", opts.write_threads, 0, "")])  # fmt: skip
     ckpt, digest = _read_checkpoint(checkpoint)
@@ -372,7 +373,7 @@ def _plan(checkpoint: str | Path, output: Path, opts: ExportOptions) -> _Plan:
     paths = {i: (output / PSEUDO_DIR / f"{mask_name(i)}.png", output / DENSE_DIR / f"{mask_name(i)}.png")
              for i in dataset.ids}  # fmt: skip
     return _Plan(checkpoint, ckpt, cfg, split, dataset, output, split_file, paths,
-                 _settings(digest, dataset, cfg, opts.crf))  # fmt: skip
+                 _settings(digest, dataset, cfg, opts.crf, device))  # fmt: skip
 
 
 def _read_checkpoint(path: str | Path) -> tuple[dict[str, Any], str]:
@@ -523,13 +524,18 @@ def _export_images(
     return done
 
 
-def _settings(digest: str, dataset: VOCClsDataset, cfg: Config, crf: bool) -> dict[str, Any]:
-    """What the masks depend on, as JSON values (``run.json``): the checkpoint by its content (``digest``)."""
+def _settings(
+    digest: str, dataset: VOCClsDataset, cfg: Config, crf: bool, device: str | torch.device
+) -> dict[str, Any]:
+    """What the masks depend on, as JSON values (``run.json``): the checkpoint by its content (``digest``), and the CAM
+    pass's precision (``infer.dtype``: bf16 autocast on a GPU moves more than float rounding; docs/reference.md row
+    23)."""
     crf_config = {k: v for k, v in asdict(cfg.infer.crf).items() if k != "workers"} if crf else None
     settings = {
         "checkpoint": digest, "label_file": os.path.realpath(dataset.label_path),
         "classes": list(dataset.classes), "cam": asdict(cfg.cam), "par": asdict(cfg.par),
         "ignore_index": cfg.data.ignore_index, "crf": crf, "crf_config": crf_config,
+        "dtype": model_dtype(cfg.infer.dtype, device),
     }  # fmt: skip
     return json.loads(json.dumps(settings))
 
@@ -563,7 +569,8 @@ def _check_previous_settings(output: Path, settings: dict[str, Any], overwrite: 
         )
     earlier = previous.get("mixed_with") or []
     earlier = earlier if isinstance(earlier, list) else sorted(settings)
-    changed = sorted({*(k for k in settings if previous.get(k) != settings[k]), *map(str, earlier)})
+    differ = (k for k in settings if previous.get(k, LATER_SETTINGS.get(k)) != settings[k])
+    changed = sorted({*differ, *map(str, earlier)})
     if overwrite or not changed:
         return changed
     if earlier:

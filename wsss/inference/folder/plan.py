@@ -30,8 +30,13 @@ from wsss.utils.fileio import atomic_write_text
 
 __all__ = ["Listing", "list_inputs", "prepare_output", "split_done"]
 
-SETTINGS_THAT_CHANGE_OUTPUTS = ("checkpoint", "scales", "flip", "max_size", "mask_classes", "crf", "crf_config")
+SETTINGS_THAT_CHANGE_OUTPUTS = (
+    "checkpoint", "scales", "flip", "max_size", "mask_classes", "crf", "crf_config", "dtype",
+)  # fmt: skip
 """The ``run.json`` settings whose change makes earlier outputs differ from this run's."""
+LATER_SETTINGS = {"dtype": "float32"}
+"""Settings a ``run.json`` written before they existed lacks (a folder run's, a pseudo-label export's), with the value
+they stood for there: every model ran in float32 before ``infer.dtype``."""
 
 
 @dataclass
@@ -136,7 +141,7 @@ def _changed_settings(run_file: Path, settings: dict[str, Any]) -> list[str]:
         previous = json.loads(run_file.read_text())
     except (OSError, ValueError):
         return []
-    return [k for k in SETTINGS_THAT_CHANGE_OUTPUTS if previous.get(k) != settings[k]]
+    return [k for k in SETTINGS_THAT_CHANGE_OUTPUTS if previous.get(k, LATER_SETTINGS.get(k)) != settings[k]]
 
 
 def split_done(

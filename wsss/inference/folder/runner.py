@@ -107,7 +107,7 @@ from wsss.inference.predictor import Segmenter, longest_side
 from wsss.model_file import config_from_checkpoint, read_model_file
 from wsss.utils.distributed import all_gather_objects, barrier, rank_and_world
 from wsss.utils.startup import threads_beside
-from wsss.utils.tensors import fp32_products
+from wsss.utils.tensors import fp32_products, model_dtype
 
 __all__ = [
     "InferenceOptions", "InferenceSummary", "check_bounds", "check_scales", "default_output", "run_inference",
@@ -289,6 +289,7 @@ def run_inference(
         "crf": opts.crf,
         "crf_config": asdict(cfg.infer.crf) if opts.crf else None,
         "outputs": layout.kinds,
+        "dtype": model_dtype(cfg.infer.dtype, device),  # compared: bf16 moves more (docs/reference.md row 23)
         # recorded, not compared: like the device, it moves a few pixels at float rounding (docs/reference.md row 21)
         "fp32_precision": fp32_products(cfg.infer.fp32_precision, device),
     }
