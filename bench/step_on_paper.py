@@ -6,7 +6,8 @@ then the model alone at inference on a VOC-sized image, the most images/s each p
 Counts come from DeiT-S/16's shapes (:data:`VIT`, the paper's backbone; not read from the config) and the
 config's crop, batch, CAM scales, PAR, energy scale, decoder width and classes; nothing is run. A
 multiply-add counts as 2 FLOPs. The lower bound of a stage is the largest of its times at the peak rates
-below; real kernels reach a fraction of them, so the bounds say which stage cannot fit a budget, not what a
+below (a model pass: its products' time plus its attention's, at the rate PyTorch's attention kernels reach in its
+precision); real kernels reach a fraction of them, so the bounds say which stage cannot fit a budget, not what a
 stage will take.
 """
 
@@ -26,6 +27,14 @@ H100 = {
     "exp2": 16 * 132 * 1.98e9,  # SFU results/s: 16 per SM per clock (compute capability 9.0), 132 SMs, 1.98 GHz
     "fp32 instructions": 128 * 132 * 1.98e9,  # FP32 lanes per SM x SMs x clock
 }
+H100["fp32 attention"] = H100["tf32 tensor"] / 3
+"""Float32 attention, at any ``fp32_precision``: of PyTorch's ``scaled_dot_product_attention`` kernels only the
+memory-efficient one takes float32 (flash and cuDNN attention take 16-bit types), and from sm_80 on it multiplies
+float32 operands as three TF32 products on the tensor cores (CUTLASS's ``OpMultiplyAddFastF32``, its
+``DefaultGemmType`` for float), whatever the TF32 flags say: a third of the TF32 rate. bf16 attention runs at the bf16
+rate (flash attention)."""
+PRODUCT_RATES = {"ieee": "fp32 cuda cores", "tf32": "tf32 tensor", "bf16": "bf16 tensor"}
+"""The rate of a model's other products (linear layers, convolutions) in each precision."""
 VIT = {"patch": 16, "dim": 384, "depth": 12, "mlp_ratio": 4}  # DeiT-S/16
 PAR_NEIGHBOURS_PER_DILATION = 8
 LATTICE_REAL_SHARE = 14965 / 1204224
@@ -36,11 +45,23 @@ LATTICE_BUILD_BYTES = 80
 its d + 1 = 6 neighbours searched and stored (int32: 48 bytes)."""
 
 
-def vit_forward_flops(tokens: int, dim: int, depth: int, mlp_ratio: int) -> float:
-    """One image through the blocks: qkv, q k^T, a v, proj, MLP."""
+def vit_forward_flops(tokens: int, dim: int, depth: int, mlp_ratio: int) -> tuple[float, float]:
+    """One image through the blocks: ``(linear, attention)``, the products of qkv, proj and the MLP; q k^T and a v."""
     linear = 2 * tokens * dim * (3 * dim + dim + 2 * mlp_ratio * dim)
     attention = 2 * 2 * tokens * tokens * dim
-    return depth * (linear + attention)
+    return depth * linear, depth * attention
+
+
+def model_seconds(products: float, attention: float, precision: str) -> float:
+    """A model's time at the peak rates: its ``products`` at ``precision``'s rate (:data:`PRODUCT_RATES`), then its
+    ``attention`` at bf16's or float32's (:data:`H100` ``"fp32 attention"``); separate kernels, so the times add."""
+    rate = H100["bf16 tensor"] if precision == "bf16" else H100["fp32 attention"]
+    return products / H100[PRODUCT_RATES[precision]] + attention / rate
+
+
+MODEL_BOUND_BY = {"tf32": "tf32 tensor; attention 3xtf32", "ieee": "fp32 cuda cores; attention 3xtf32",
+                  "bf16": "bf16 tensor"}  # fmt: skip
+"""The "bound by" column of a model's rows."""
 
 
 def stages(cfg) -> list[tuple[str, float, float, str, float]]:
@@ -49,14 +70,17 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
     classes = len(cfg.data.classes)
     grid = s // p
     params = 21.7e6 + 2 * d * (classes - 1) + 9 * d * 512 + 9 * 512 * 512 + 512 * classes  # DeiT-S + heads
-    fwd = b * (vit_forward_flops(grid * grid + 1, d, VIT["depth"], VIT["mlp_ratio"]) + 2 * grid * grid * 3 * p * p * d)
+    blocks, attention = vit_forward_flops(grid * grid + 1, d, VIT["depth"], VIT["mlp_ratio"])
     c = cfg.model.decoder_channels
-    decoder = b * 2 * grid * grid * (9 * d * c + 9 * c * c + c * classes)
-    train_flops = 3 * (fwd + decoder)  # forward + backward (2x)
-    cam_flops = 0.0
+    decoder = 2 * grid * grid * (9 * d * c + 9 * c * c + c * classes)
+    train_products = 3 * b * (blocks + 2 * grid * grid * 3 * p * p * d + decoder)  # forward + backward (2x)
+    train_attention = 3 * b * attention
+    cam_products = cam_attention = 0.0
     for scale in cfg.cam.scales:
         g = int(scale * s) // p
-        cam_flops += 2 * b * vit_forward_flops(g * g + 1, d, VIT["depth"], VIT["mlp_ratio"])  # and its flip
+        blocks, attention = vit_forward_flops(g * g + 1, d, VIT["depth"], VIT["mlp_ratio"])
+        cam_products, cam_attention = cam_products + 2 * b * blocks, cam_attention + 2 * b * attention  # and its flip
+    train_flops, cam_flops = train_products + train_attention, cam_products + cam_attention
     n = int(s * cfg.loss.reg_scale) ** 2  # energy pixels per image
     pairs = b * n * n
     k2 = 2 * max(16, 2 ** math.ceil(math.log2(classes)))  # the fused kernel's padded, TF32-split classes
@@ -76,17 +100,18 @@ def stages(cfg) -> list[tuple[str, float, float, str, float]]:
     logits_bytes = b * classes * s * s * 4  # the seg logits at the crop's pixels, float32
     seg_bytes = 4 * logits_bytes  # each way written once (resize, CE gradient) and read once (CE, resize gradient)
     seg_flops = 3 * 2 * b * classes * grid * s * (grid + s)  # loss.seg_resize=matmul: its products, forward + backward
+    model_rows = [
+        ("forward + backward, float32, TF32 (reference)", train_flops, "tf32", train_products, train_attention),
+        ("forward + backward, float32, train.fp32_precision=ieee", train_flops, "ieee", train_products,
+         train_attention),  # fmt: skip
+        ("forward + backward, train.amp (bf16 autocast)", train_flops, "bf16", train_products, train_attention),
+        ("CAM pass, float32, TF32 (reference)", cam_flops, "tf32", cam_products, cam_attention),
+        ("CAM pass, float32, train.fp32_precision=ieee", cam_flops, "ieee", cam_products, cam_attention),
+        ("CAM pass, train.cam_dtype=bfloat16", cam_flops, "bf16", cam_products, cam_attention),
+    ]
     rows = [
-        ("forward + backward, float32, TF32 (reference)", train_flops, 0.0, "tf32 tensor",
-         train_flops / H100["tf32 tensor"]),  # fmt: skip
-        ("forward + backward, float32, train.fp32_precision=ieee", train_flops, 0.0, "fp32 cuda cores",
-         train_flops / H100["fp32 cuda cores"]),  # fmt: skip
-        ("forward + backward, train.amp (bf16 autocast)", train_flops, 0.0, "bf16 tensor",
-         train_flops / H100["bf16 tensor"]),  # fmt: skip
-        ("CAM pass, float32, TF32 (reference)", cam_flops, 0.0, "tf32 tensor", cam_flops / H100["tf32 tensor"]),
-        ("CAM pass, float32, train.fp32_precision=ieee", cam_flops, 0.0, "fp32 cuda cores",
-         cam_flops / H100["fp32 cuda cores"]),  # fmt: skip
-        ("CAM pass, train.cam_dtype=bfloat16", cam_flops, 0.0, "bf16 tensor", cam_flops / H100["bf16 tensor"]),
+        *((name, flops, 0.0, MODEL_BOUND_BY[precision], model_seconds(products, attention, precision))
+          for name, flops, precision, products, attention in model_rows),  # fmt: skip
         ("PAR pseudo labels (minimal traffic)", par_flops, par_bytes, "hbm", par_bytes / H100["hbm"]),
         (
             "seg CE forward + backward (full-size logits once each way)",
@@ -121,17 +146,20 @@ def inference_rows(cfg, size: tuple[int, int] = (375, 500)) -> list[tuple[str, f
     p, d, c = VIT["patch"], VIT["dim"], cfg.model.decoder_channels
     classes = len(cfg.data.classes)
 
-    def forward(scale: float) -> float:
+    def forward(scale: float) -> tuple[float, float]:
         gh, gw = (math.ceil(round(n * scale) / p) for n in size)
         tokens = gh * gw
         decoder = 2 * tokens * (9 * d * c + 9 * c * c + c * classes)
         patches = 2 * tokens * 3 * p * p * d
-        return vit_forward_flops(tokens + 1, d, VIT["depth"], VIT["mlp_ratio"]) + patches + decoder
+        blocks, attention = vit_forward_flops(tokens + 1, d, VIT["depth"], VIT["mlp_ratio"])
+        return blocks + patches + decoder, attention
 
-    rates = {"float32 (IEEE)": "fp32 cuda cores", "TF32": "tf32 tensor", "bf16": "bf16 tensor"}
-    modes = [("single scale", forward(1.0)),
-             (f"scales {cfg.infer.scales} + flip", 2 * sum(forward(k) for k in cfg.infer.scales))]  # fmt: skip
-    return [(mode, flops, {k: flops / H100[v] for k, v in rates.items()}) for mode, flops in modes]
+    precisions = {"float32 (IEEE)": "ieee", "TF32": "tf32", "bf16": "bf16"}
+    tta = [forward(k) for k in cfg.infer.scales]  # each with its flip: twice
+    tta_sums = (2 * sum(products for products, _ in tta), 2 * sum(attention for _, attention in tta))
+    modes = [("single scale", forward(1.0)), (f"scales {cfg.infer.scales} + flip", tta_sums)]
+    return [(mode, products + attention, {k: model_seconds(products, attention, v) for k, v in precisions.items()})
+            for mode, (products, attention) in modes]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

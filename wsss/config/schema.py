@@ -409,13 +409,14 @@ class InferConfig(Section):
     """How a GPU computes the model's float32 matrix products and convolutions at inference (``tools/test.py``,
     ``tools/infer.py``, the CAM pass of ``tools/make_pseudo_labels.py`` and ``tools/eval_cams.py``): ``tf32`` (the
     reference's, as ``train.fp32_precision``: DeiT-S at 3 scales + flip on a VOC image, 557 GFLOP, takes at least
-    8.3 ms on an H100's CUDA cores, 1.1 ms on its TF32 tensor cores) or ``ieee`` (float32 throughout). The CRF's
-    sums are float32 either way. Nothing changes on a CPU."""
+    1.9 ms on an H100 with TF32 products, 6.7 ms with IEEE ones; its float32 attention is three TF32 products either
+    way) or ``ieee`` (float32 throughout). The CRF's sums are float32 either way. Nothing changes on a CPU."""
     dtype: str = choice("float32", "bfloat16")
     """Precision of the model wherever ``fp32_precision`` applies: ``float32`` (the reference: its inference casts
-    nothing) or ``bfloat16`` (bf16 autocast on a GPU, the model's H100 bound halved against TF32; ignored on a CPU, as
-    ``train.cam_dtype``). The CRF, PAR and the masks' arithmetic stay float32. Measured in docs/reference.md row 23; a
-    run records it, and a folder run or pseudo-label export resumed with the other one is a change of settings."""
+    nothing) or ``bfloat16`` (bf16 autocast on a GPU: 0.56 ms for the image above, under a third of TF32's; ignored on
+    a CPU, as ``train.cam_dtype``). The CRF, PAR and the masks' arithmetic stay float32. Measured in docs/reference.md
+    row 23; a run records it, and a folder run or pseudo-label export resumed with the other one is a change of
+    settings."""
     logits_stride: int = bounded(4, Range(0, 64, low_open=True))
     """Saved logits (``--logits``) are downscaled by this factor (> 0)."""
     max_size: int | None = bounded(1024, NON_NEGATIVE)
