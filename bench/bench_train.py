@@ -15,6 +15,10 @@
 3. Peak memory (CUDA allocated; the process's peak RSS on a CPU).
 4. Inference: ``infer.scales`` + flip on ``--images`` random 500 x 375 images, and the confusion-matrix evaluator
    on the same device.
+5. With ``--kernels N``: each stage's kernels in one profiled eager call (``torch.profiler``): how many ran, their
+   time summed (the GPU's busy time, against the stage's graph), and the N that took the most; on a CPU the operators'
+   own times instead. Where a stage is far above its bound, this says whether its kernels are few and slow or many
+   and small.
 
 Exits 1 if any loss, gradient, logit or count is non-finite or wrong. On a CPU the defaults shrink (crop 112,
 2 steps, 2 images; the fused kernel is skipped, it runs there only in Triton's interpreter) so the command ends
@@ -32,6 +36,8 @@ import time
 import torch
 from _common import rss_bytes, synchronize, timed
 from step_on_paper import stages as paper_bounds
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from wsss.cam import multiscale_cam
 from wsss.config import load_config, parse_cfg_options
@@ -65,6 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, help=f"inference images (default {PAPER['images']}; CPU {CPU['images']})")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="per stage, the N kernels that took the most time in one profiled call (0: none)")
     args = parser.parse_args(argv)
     defaults = PAPER if torch.device(args.device).type == "cuda" else CPU
     for key, value in defaults.items():
@@ -88,6 +96,34 @@ def timed_stage(fn, repeats: int, device: torch.device) -> tuple[float, float | 
         return eager, None, out
     replayed, _ = timed(graph.replay, repeats, device)
     return eager, replayed, out
+
+
+def kernel_times(fn, device: torch.device) -> list[tuple[str, int, float]]:
+    """(name, calls, seconds) of each kernel one eager call of ``fn`` ran on ``device`` (on a CPU each operator's own
+    time), the longest first; after one untimed call."""
+    cuda = device.type == "cuda"
+    fn()
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+        fn()
+        synchronize(device)
+    wanted = DeviceType.CUDA if cuda else DeviceType.CPU
+    rows = [(e.key, e.count, (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e6)
+            for e in prof.key_averages() if e.device_type == wanted]  # fmt: skip
+    return sorted(rows, key=lambda row: -row[2])
+
+
+def print_kernels(label: str, rows: list[tuple[str, int, float]], top: int, graph: float | None, cuda: bool) -> None:
+    """One stage's :func:`kernel_times`: the count and sum of all, against its graph's time, then the ``top``
+    longest."""
+    what = "kernels" if cuda else "operators (a CPU's: their own time)"
+    busy = sum(seconds for _, _, seconds in rows)
+    against = f", {busy / graph:.0%} of its graph's {graph * 1e3:.2f} ms" if graph else ""
+    print(f"\n{label}: {sum(calls for _, calls, _ in rows)} {what}, {busy * 1e3:.2f} ms summed{against}")
+    print("| kernel | calls | ms | share |\n|---|---:|---:|---:|")
+    for name, calls, seconds in rows[:top]:
+        name = name if len(name) <= 90 else name[:87] + "..."
+        print(f"| `{name}` | {calls} | {seconds * 1e3:.3f} | {seconds / busy:.0%} |")
 
 
 def stage_bounds(cfg, amp: bool, cam_bf16: bool) -> dict[str, float]:
@@ -195,10 +231,13 @@ def measure(args: argparse.Namespace, cfg) -> int:
 
     # 2. the stages alone: (eager s, graph replay s or None, bound key)
     rows: dict[str, tuple[float, float | None, str | None]] = {}
+    profiled: dict[str, list[tuple[str, int, float]]] = {}
 
     def stage(label: str, bound: str | None, fn):
         eager, replayed, out = timed_stage(fn, args.repeats, device)
         rows[label] = eager, replayed, bound
+        if args.kernels:
+            profiled[label] = kernel_times(fn, device)
         return out
 
     def forward_backward() -> None:
@@ -303,6 +342,8 @@ def measure(args: argparse.Namespace, cfg) -> int:
     print(f"energy loss lattice (the reference's W) / blocked time: {energy['lattice'] / energy['blocked']:.3f} "
           f"({energy['lattice'] * 1e3:.1f} ms)")  # fmt: skip
     print(f"peak memory: {peak_memory(device)}")
+    for label, found in profiled.items():
+        print_kernels(label, found, args.kernels, rows[label][1], device.type == "cuda")
     print("losses: " + ", ".join(f"{k} {v:.4g}" for k, v in losses.items()))
     problems = [k for k, v in losses.items() if not torch.isfinite(torch.tensor(v))]
     if not bool(finite_logits):

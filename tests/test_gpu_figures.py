@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,3 +82,24 @@ def test_each_bench_step_parses_and_its_config_options_exist(name, monkeypatch):
 def test_each_test_step_names_test_files_that_exist(name):
     paths = [word for word in steps()[name][1][1:] if word.startswith("tests")]
     assert paths and all((REPO / path).exists() for path in paths), paths
+
+
+def test_a_failure_s_traceback_is_written_as_it_happens(tmp_path):
+    """The test steps' plugin (tests/failure_log.py): a failure's report reaches the file when the test ends, not when
+    the run does (a step cut at its cap keeps it); a passing test writes nothing."""
+    (tmp_path / "test_planted.py").write_text(
+        "def test_passes():\n    assert True\n\n"
+        "def test_fails():\n    value = 41\n    assert value == 42, 'the planted failure'\n\n"
+        "def test_sees_the_log_before_the_run_ends():\n"
+        f"    assert 'test_fails' in open({str(tmp_path / 'failures.log')!r}).read()\n"
+    )  # fmt: skip
+    assert "-p tests.failure_log --failure-log" in SCRIPT.read_text().replace("\n ", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-p", "tests.failure_log",
+         "--failure-log", str(tmp_path / "failures.log"), "--rootdir", str(tmp_path),
+         str(tmp_path / "test_planted.py")],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "1 failed, 2 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    log = (tmp_path / "failures.log").read_text()
+    assert "test_planted.py::test_fails (call)" in log and "assert 41 == 42" in log and "test_passes" not in log

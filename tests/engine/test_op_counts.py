@@ -56,8 +56,11 @@ def setup(graphed: bool, par: str = "torch", size: int = 64):
 
 @pytest.mark.parametrize("par", ["torch", "fused"])
 def test_an_eager_iteration_and_its_par_stay_under_their_ceilings(monkeypatch, par):
-    """The fused PAR runs in Triton's interpreter here (on a GPU: compiled), each launch counted as one; on 32 px crops
-    (the counts are those of 64 px), for the interpreter's sake."""
+    """The fused PAR runs in Triton's interpreter here, each launch counted as one; on 32 px crops (the counts are
+    those of 64 px), for the interpreter's sake."""
+    if par == "fused" and torch.cuda.is_available():  # seen on an H200, 2026-11-28
+        pytest.skip("the fused PAR runs on this test's CPU tensors only in Triton's interpreter, which a visible GPU "
+                    "turns off (tests/conftest.py); its kernels run on the device in tests/test_par_kernel.py")
     size = 32 if par == "fused" else 64
     cfg, model, optimizer, scheduler, guard, step, batch, _ = setup(graphed=False, par=par, size=size)
     counter, meter = OpCounter(), LossMeter()

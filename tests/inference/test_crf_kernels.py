@@ -441,7 +441,8 @@ def test_the_labels_and_the_stacked_labels_equal_the_pytorch_ones():
 
 @pytest.mark.parametrize(
     ("kernel", "device", "expected"),
-    [("auto", "cuda", True), ("auto", "cpu", False), ("fused", "cpu", True), ("torch", "cuda", False)],
+    [("auto", "cuda", False), ("auto", "cpu", False), ("fused", "cpu", True), ("fused", "cuda", True),
+     ("torch", "cuda", False)],
 )
 def test_which_products_run(kernel, device, expected):
     assert uses_kernels(CrfConfig(kernel=kernel), device) is expected

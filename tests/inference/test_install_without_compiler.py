@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.test_wheelhouse import link_gpu_stack
+from tests.tools.test_wheelhouse import link_gpu_stack, needs_package_index
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
@@ -29,6 +29,7 @@ def no_compiler_path(folder: Path) -> str:
 
 
 def test_install_and_crf_inference_without_a_compiler(tmp_path, toy_checkpoint):
+    needs_package_index()
     root, checkpoint = toy_checkpoint
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "CC", "CXX", "PYTHONPATH"))}
     env["PATH"] = no_compiler_path(tmp_path / "bin")

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +33,16 @@ def test_offline_requirements_leave_out_exactly_the_gpu_stack():
         assert not PREINSTALLED.match(normalize(name)), name
 
 
+def test_an_unreachable_package_index_is_named_and_a_reachable_one_is_not(monkeypatch):
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{port}/simple")
+    assert package_index_error.__wrapped__() is None
+    listening.close()
+    error = package_index_error.__wrapped__()
+    assert error.startswith(f"pip's package index http://127.0.0.1:{port}/simple cannot be reached (")
+
+
 class RecordingIndex(BaseHTTPRequestHandler):
     """A package index that has nothing and remembers every path asked for."""
 
@@ -41,6 +54,29 @@ class RecordingIndex(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+@functools.cache
+def package_index_error() -> str | None:
+    """Why pip's package index cannot be reached, or None: the tests that install from it skip on a machine without a
+    network (the lent GPU machine, an offline cluster node), saying so."""
+    url = os.environ.get("PIP_INDEX_URL") or subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True, text=True
+    ).stdout.strip() or "https://pypi.org/simple"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return None
+    try:
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 10).close()
+    except OSError as err:
+        return f"pip's package index {url} cannot be reached ({err}): this test installs from it"
+    return None
+
+
+def needs_package_index() -> None:
+    """Skip the calling test where :func:`package_index_error` says why."""
+    if error := package_index_error():
+        pytest.skip(error)
 
 
 def link_gpu_stack(into: Path) -> None:
@@ -58,6 +94,7 @@ def link_gpu_stack(into: Path) -> None:
 
 @pytest.mark.slow
 def test_a_wheelhouse_installs_with_no_index_beside_the_installed_torch(tmp_path):
+    needs_package_index()
     wheelhouse = tmp_path / "wheelhouse"
     subprocess.run([sys.executable, "tools/wheelhouse.py", str(wheelhouse)], cwd=ROOT, check=True)
     assert not (tmp_path / "wheelhouse.partial").exists()

@@ -89,9 +89,11 @@ def _frozen_grid(vit: VisionTransformer, grid: tuple[int, int]) -> torch.Tensor:
     """:func:`resample_pos_embed` with the reference's bicubic, made once per grid while the position embedding is
     frozen (``model.freeze_pos_embed``) and unchanged, then reused: the CUDA bicubic kernel runs one thread per output
     position over all channels, 1.5 ms for DeiT-S's 384 channels on a 42 x 42 grid on an H100, three times per
-    training step (the crop and the CAM scales). A trainable embedding is resampled at every call."""
+    training step (the crop and the CAM scales). A trainable embedding is resampled at every call, and so is any
+    embedding under ``torch.compile`` or an export, which would otherwise fix the grid the trace first saw (an ONNX
+    model that takes one image size)."""
     pos = vit.pos_embed
-    if pos.requires_grad:
+    if pos.requires_grad or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return resample_pos_embed(vit, grid, "bicubic")
     cache = vit.__dict__.setdefault("_frozen_grids", OrderedDict())
     held = cache.pop(grid, None)
