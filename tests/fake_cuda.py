@@ -262,8 +262,15 @@ def _non_blocking_upload(func, args, kwargs) -> torch.Tensor | None:
 
 
 def _blocking_upload(func, args, kwargs) -> bool:
-    """``func`` copies a CPU tensor to ``cuda`` without ``non_blocking``: ``_to_copy`` to a cuda device, or ``copy_``
-    into a cuda tensor from a CPU one."""
+    """``func`` copies a CPU tensor to ``cuda`` without ``non_blocking``: ``_to_copy`` to a cuda device, ``copy_``
+    into a cuda tensor from a CPU one, or an index put of a 0-dim CPU value into a cuda tensor through integer indices
+    (``x[index] = 7.0``: Python's setitem makes the number a CPU tensor for a cuda ``x``, and the CUDA index put copies
+    it to the device, ``value.to(self.device())`` in TensorAdvancedIndexing.cpp; through one boolean mask it is a
+    ``masked_fill_`` instead, which this emulator counts as the mask's read)."""
+    if func in INDEXING[1:]:
+        self, indices, value = args[0], args[1], args[2]
+        integer = all(i is None or not (i.dtype == torch.bool or i.dtype == torch.uint8) for i in indices)
+        return isinstance(self, CudaTensor) and not isinstance(value, CudaTensor) and value.dim() == 0 and integer
     if func is torch.ops.aten._to_copy.default:
         return not isinstance(args[0], CudaTensor) and _is_cuda(kwargs.get("device")) and not kwargs.get("non_blocking")
     if func is torch.ops.aten.copy_.default:

@@ -52,17 +52,23 @@ def test_host_reads_raise_in_a_no_sync_region_and_give_values_outside(read):
 
 @needs_fake_cuda
 def test_indexing_with_integer_device_indices_waits_for_nothing():
-    """An integer index's output has the index's shape: no host read (a boolean mask's is a sync, above)."""
+    """An integer index's output has the index's shape: no host read (a boolean mask's is a sync, above), and a value
+    on the device is written through one without a wait. A Python number written through one is a blocking upload
+    (Python's setitem makes it a CPU tensor for a cuda tensor, which the CUDA index put copies to the device): a sync,
+    seen on an H200 (2026-11-28)."""
     x = torch.arange(12, dtype=torch.float32).view(4, 3) - 5
     rows = torch.tensor([3, 0, 3])
     with fake_cuda() as mode:
         y, index = x.to("cuda"), rows.to("cuda")
+        seven = torch.full((), 7.0, device="cuda")
         with no_sync(mode):
             picked, pairs = y[index], y[index, index % 3]
-            y[index[:1]] = 7.0
+            y[index[:1]] = seven
+        with no_sync(mode), raises_host_sync("index_put"):
+            y[index[1:2]] = 7.0
         got = picked.cpu(), pairs.cpu(), y.cpu()
     want = x[rows], x[rows, rows % 3]
-    x[rows[:1]] = 7.0
+    x[rows[:1]] = 7.0  # the number raised before it was written
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[2], x)
 
 

@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_flatten
 from wsss.config import InferConfig
 from wsss.data.transforms import normalize
 from wsss.inference.predictor import BatchOutputs, Segmenter, row_bands
+from wsss.inference.resize import interpolation_matrix
 from wsss.models.tta import TTAOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -131,3 +132,15 @@ def test_a_huge_image_is_brought_back_in_bands_within_the_pixel_budget(toy_check
         summary = run_inference(ckpt, path.parent, tmp_path / "out", options=opts)
     assert summary.done == 1 and read_mask(tmp_path / "out" / "masks" / "huge.png").shape == (height, width)
     assert seen.sizes and max(rows for rows, _ in seen.sizes) == budget_rows
+
+
+@pytest.mark.parametrize("antialias", [False, True])
+@pytest.mark.parametrize(("size_in", "size_out"), [(300, 77), (41, 600), (513, 513)])
+def test_an_interpolation_matrix_resizes_as_interpolate(size_in, size_out, antialias):
+    """Its product with a signal equals ``F.interpolate`` of it, down, up and the same, past the 256 unit vectors
+    resized per call (columns of a second and third chunk)."""
+    signal = torch.randn(3, 1, 1, size_in, generator=torch.Generator().manual_seed(size_in))
+    matrix = interpolation_matrix(size_in, size_out, antialias, torch.device("cpu"))
+    assert matrix.shape == (size_out, size_in) and matrix.dtype == torch.float32
+    want = F.interpolate(signal, size=(1, size_out), mode="bilinear", align_corners=False, antialias=antialias)
+    torch.testing.assert_close(signal[:, 0, 0] @ matrix.T, want[:, 0, 0], rtol=1e-5, atol=1e-5)

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.fake_cuda import fake_cuda, needs_fake_cuda
+from tests.fake_cuda import REAL_GPU, fake_cuda, needs_fake_cuda
 from wsss.config import ConfigError, CrfConfig
 from wsss.inference import crf as crf_module
 from wsss.inference.crf import (
@@ -587,7 +587,8 @@ def test_peak_memory_stays_within_the_budget(side, budget):
 def test_the_reduction_runs_on_the_device_of_the_probabilities():
     """On the emulated CUDA device the shrunk image and probabilities, and the labels brought back to full size a
     band at a time, stay on ``cuda`` and equal the CPU's (the mean-field between them needs sparse products, which
-    only a real GPU runs: `make gpu-check`)."""
+    only a real GPU runs: `make gpu-check`). On a real GPU its kernels sum in their own order: the probabilities
+    within float32 rounding, a colour off by one where its mean falls on a half, 99.99 % of the labels."""
     image, probs, _ = two_region_case(seed=3, height=200, width=300)
     cfg = CrfConfig(memory_mib=64)
     small_image, small, run = crf_module._reduced(image, torch.from_numpy(probs), cfg)
@@ -599,6 +600,7 @@ def test_the_reduction_runs_on_the_device_of_the_probabilities():
         assert {t.device.type for t in (got_image, got, labels)} == {"cuda"}
         got_image, got, labels = got_image.cpu(), got.cpu(), labels.cpu()
     assert got_run == run and run.bilateral_sxy < cfg.bilateral_sxy
-    torch.testing.assert_close(got_image, small_image, rtol=0, atol=0)
-    torch.testing.assert_close(got, small, rtol=0, atol=0)
-    torch.testing.assert_close(labels, want, rtol=0, atol=0)
+    torch.testing.assert_close(got_image, small_image, rtol=0, atol=1 if REAL_GPU else 0)
+    torch.testing.assert_close(got, small, rtol=1e-5 if REAL_GPU else 0, atol=1e-6 if REAL_GPU else 0)
+    same = (labels == want).float().mean()
+    assert same >= 0.9999 if REAL_GPU else same == 1, same

@@ -26,6 +26,7 @@ from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.inference.exports.pseudo_labels import ExportOptions, export_pseudo_labels
 from wsss.inference.folder.runner import InferenceOptions, run_inference
 from wsss.inference.predictor import Segmenter
+from wsss.inference.resize import interpolation_matrix
 from wsss.model_file import config_from_checkpoint, model_from_checkpoint, read_model_file
 from wsss.utils.distributed import DistInfo
 from wsss.utils.fileio import read_image, read_mask
@@ -382,3 +383,15 @@ def test_a_downscaled_image_brought_back_in_bands_equals_the_cpu(toy_checkpoint)
     assert len(cams) == len(want) > 1 and [s for s, _ in cams] == [s for s, _ in want]
     for (_, got), (_, band) in zip(cams, want, strict=True):
         np.testing.assert_allclose(got.numpy(), band.numpy(), atol=1e-5)
+
+
+@needs_fake_cuda
+def test_an_interpolation_matrix_is_made_on_the_device_without_a_wait():
+    """Its unit vectors are set on the device: written as a number through CPU index tensors they were blocking uploads
+    (the indices' and the number's), a host wait per matrix."""
+    want = interpolation_matrix(300, 77, True, torch.device("cpu"))
+    with fake_cuda() as mode:
+        with no_sync(mode):
+            got = interpolation_matrix(300, 77, True, torch.device("cuda"))
+        got = got.cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5 if REAL_GPU else 0, atol=1e-6 if REAL_GPU else 0)

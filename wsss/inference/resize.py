@@ -46,7 +46,7 @@ def interpolation_matrix(size_in: int, size_out: int, antialias: bool, device: t
     for start in range(0, size_in, _MATRIX_CHUNK):
         count = min(_MATRIX_CHUNK, size_in - start)
         units = torch.zeros(count, 1, 1, size_in, device=device)  # along the width: torch resizes an (n, 1)
-        units[torch.arange(count), 0, 0, torch.arange(start, start + count)] = 1.0  # column otherwise (antialias)
+        units.view(count, size_in).diagonal(start).fill_(1.0)  # column otherwise (antialias); made on the device
         resized = F.interpolate(units, size=(1, size_out), mode="bilinear", align_corners=False, antialias=antialias)
         columns.append(resized[:, 0, 0, :])
     return torch.cat(columns).T.contiguous()
