@@ -13,45 +13,10 @@ from wsss.losses import DenseEnergyLoss, gaussian_filter, gaussian_filter_dense
 
 triton = pytest.importorskip("triton")
 
-import numpy as np  # noqa: E402
-import triton.language as tl  # noqa: E402
-
+from tests.triton_interpreter import needs_kernel  # noqa: E402
 from wsss import energy_kernel  # noqa: E402  (after the skip: needs triton)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-@triton.jit
-def _runtime_bound_probe(out_ptr, n):
-    """Counts to ``n`` in a loop whose bound is a runtime argument, as the energy kernel's column loop does."""
-    count = tl.zeros((1,), dtype=tl.int32)
-    for _ in range(0, n, 1):
-        count += 1
-    tl.store(out_ptr + tl.arange(0, 1), count)
-
-
-def interpreter_cannot_run_the_kernel() -> str | None:
-    """Why Triton's CPU interpreter cannot run the energy kernel here, or None. Triton 3.6's cannot loop to a runtime
-    bound under numpy >= 2.4 (``int()`` of a 1-element array, triton-lang/triton#9171); the stores of Triton 3.0 and
-    3.1's do not reach CPU tensors under any numpy (3.2 is the first whose do). The compiled kernel is another path."""
-    out = torch.zeros(1, dtype=torch.int32)
-    try:
-        _runtime_bound_probe[(1,)](out, 3)
-    except triton.runtime.errors.InterpreterError:
-        return (
-            f"the CPU interpreter of Triton {triton.__version__} cannot loop to a runtime bound under numpy "
-            f"{np.__version__} (triton-lang/triton#9171): install numpy<2.4 or a newer triton to run the kernel here"
-        )
-    if out.item() != 3:
-        return (
-            f"the stores of Triton {triton.__version__}'s CPU interpreter do not reach CPU tensors (a probe counting "
-            f"to 3 left {out.item()}): install triton >= 3.2 (torch >= 2.6) to run the kernel here"
-        )
-    return None
-
-
-INTERPRETER_PROBLEM = interpreter_cannot_run_the_kernel() if DEVICE.type == "cpu" else None
-needs_kernel = pytest.mark.skipif(INTERPRETER_PROBLEM is not None, reason=str(INTERPRETER_PROBLEM))
 
 
 def max_relative_error(x, ref):

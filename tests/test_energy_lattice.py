@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from skimage import data
 
 from tests.fake_cuda import fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
+from tests.triton_interpreter import needs_kernel
 from wsss.config import LossConfig
 from wsss.inference.crf import kernels, permutohedral
 from wsss.inference.crf.permutohedral import build_lattice, fixed_box
@@ -87,6 +88,7 @@ def test_the_lattice_energy_is_the_formula_image_by_image(size):
     assert (shared.view_as(ws) - ws).abs().max() > 1e-3 * ws.abs().max()
 
 
+@needs_kernel
 def test_the_gpu_s_path_of_the_lattice_loss_equals_the_cpu_s():
     """``DenseEnergyLoss`` with the lattice's Triton kernels and codes fixed from the crop size (a GPU's path; here
     on ``DEVICE``) against PyTorch's products with the codes read back: value and gradient to float32 rounding; and
@@ -118,6 +120,7 @@ forward 116 before the real points were counted); the training step's energy sta
 --cfg-options loss.reg_kernel=lattice``) adds the logits' resize."""
 
 
+@needs_kernel
 def test_the_gpu_s_lattice_loss_dispatches_no_more_operations_than_counted(monkeypatch):
     """The ceilings, on two 24 x 20 crops with 21 classes (the counts do not depend on the size), after the first
     call (which uploads the codes' constants)."""
@@ -146,6 +149,7 @@ def test_the_lattice_weight_is_toco_s_and_the_exact_kernels_are_matched():
     assert lattice.weight == 1e-7 and lattice.kernel == "lattice"
 
 
+@needs_kernel
 @pytest.mark.parametrize("size", [(24, 20), (23, 21)])
 @pytest.mark.parametrize("fused", [False, True])
 def test_codes_fixed_in_advance_filter_as_the_codes_read_back(size, fused):
@@ -166,6 +170,7 @@ def test_codes_fixed_in_advance_filter_as_the_codes_read_back(size, fused):
     assert lattice.points == features.shape[0] * features.shape[1] * 6 + (12 if size[0] * size[1] % 4 else 0)
 
 
+@needs_kernel
 @pytest.mark.parametrize("size", [(24, 20), (23, 21)])
 def test_the_kernels_stop_at_a_fixed_box_s_real_points(size):
     """A fixed box's lattice counts its real points on the device (as many as the codes read back find), and its

@@ -44,12 +44,13 @@ def test_warps_per_sm_follow_the_registers_shared_memory_and_warp_limits():
 
 
 def test_a_spilling_block_is_reported():
-    """The affinity tile at 128 pixels on 4 warps does not fit the registers: the measure sees the spills."""
+    """The affinity tile at 256 pixels on 4 warps does not fit the registers: the measure sees the spills (at 128
+    Triton 3.8 spills, 3.6 fits it in 168 registers, 2026-11-28: the counts are the compiler's)."""
     proc = run(
         "import json, kernel_registers as k\n"
         "name, kernel, sig, consts, _ = next(row for row in k.kernels() if row[0].startswith('PAR aff'))\n"
-        "print(json.dumps(k.registers(kernel, sig, {**consts, 'BLOCK': 128}, {'num_warps': 4}, 90)))"
+        "print(json.dumps(k.registers(kernel, sig, {**consts, 'BLOCK': 256}, {'num_warps': 4}, 90)))"
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert result["registers"] == 255 and result["spill_bytes"] > 0, result
+    assert result["spill_bytes"] > 0, result

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.inference.test_crf_parity import assert_same_crf, smooth_probs
+from tests.triton_interpreter import needs_kernel
 from wsss.config import CrfConfig
 from wsss.inference import crf as crf_module
 from wsss.inference.crf import (
@@ -31,7 +32,7 @@ from wsss.utils.op_count import OpCounter
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+pytestmark = [pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state"), needs_kernel]
 
 
 def csr(rows: int, cols: int, lengths: list[int], seed: int) -> torch.Tensor:

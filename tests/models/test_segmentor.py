@@ -274,3 +274,19 @@ def test_cam_covers_exactly_the_input():
         token = model.classifier.cam(model(padded).features)
     assert cam.shape == (1, 4, 60, 90)
     torch.testing.assert_close(cam, resize_to_image(token, (60, 90), 16))
+
+
+def test_under_an_onnx_export_the_classifier_pools_with_a_plain_maximum(monkeypatch):
+    """The same logits without ``adaptive_max_pool2d``, which torch 2.11's ONNX exporter cannot translate."""
+    from wsss.models import heads
+
+    classifier = heads.Classifier(16, 5, kaiming_init=True)
+    features = torch.randn(3, 16, 7, 9, generator=torch.Generator().manual_seed(0))
+    want = classifier(features)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("adaptive_max_pool2d under an ONNX export")
+
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    monkeypatch.setattr(heads.F, "adaptive_max_pool2d", refused)
+    torch.testing.assert_close(classifier(features), want, rtol=0, atol=0)

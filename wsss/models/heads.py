@@ -28,7 +28,10 @@ class Classifier(nn.Module):
             nn.init.kaiming_normal_(self.conv.weight)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """(B, D, h, w) -> logits (B, num_classes)."""
+        """(B, D, h, w) -> logits (B, num_classes). Under an ONNX export the pooling is a plain maximum over the grid,
+        the same values: torch 2.11's exporter has no ONNX function for ``adaptive_max_pool2d``."""
+        if torch.onnx.is_in_onnx_export():
+            return self.conv(features.amax(dim=(2, 3), keepdim=True)).flatten(1)
         return self.conv(F.adaptive_max_pool2d(features, 1)).flatten(1)
 
     def cam(self, features: torch.Tensor) -> torch.Tensor:
