@@ -269,7 +269,7 @@ def _blocking_upload(func, args, kwargs) -> bool:
     ``masked_fill_`` instead, which this emulator counts as the mask's read)."""
     if func in INDEXING[1:]:
         self, indices, value = args[0], args[1], args[2]
-        integer = all(i is None or not (i.dtype == torch.bool or i.dtype == torch.uint8) for i in indices)
+        integer = all(i is None or i.dtype not in (torch.bool, torch.uint8) for i in indices)
         return isinstance(self, CudaTensor) and not isinstance(value, CudaTensor) and value.dim() == 0 and integer
     if func is torch.ops.aten._to_copy.default:
         return not isinstance(args[0], CudaTensor) and _is_cuda(kwargs.get("device")) and not kwargs.get("non_blocking")

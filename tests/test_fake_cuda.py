@@ -55,7 +55,7 @@ def test_indexing_with_integer_device_indices_waits_for_nothing():
     """An integer index's output has the index's shape: no host read (a boolean mask's is a sync, above), and a value
     on the device is written through one without a wait. A Python number written through one is a blocking upload
     (Python's setitem makes it a CPU tensor for a cuda tensor, which the CUDA index put copies to the device): a sync,
-    seen on an H200 (2026-11-28)."""
+    read in PyTorch's source after the former version of this test failed on an H200 (2026-11-28)."""
     x = torch.arange(12, dtype=torch.float32).view(4, 3) - 5
     rows = torch.tensor([3, 0, 3])
     with fake_cuda() as mode:
