@@ -17,13 +17,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from skimage import data
+from torch import Tensor
 
 from tests.fake_cuda import fake_cuda, needs_fake_cuda, no_sync, raises_host_sync
 from tests.triton_interpreter import needs_kernel
+from wsss import losses
 from wsss.config import LossConfig
 from wsss.inference.crf import kernels, permutohedral
 from wsss.inference.crf.permutohedral import build_lattice, fixed_box
-from wsss.losses import RGB_RANGE, DenseEnergyLoss, bilateral_features, dense_energy, lattice_filter
+from wsss.losses import DenseEnergyLoss, bilateral_features, dense_energy, lattice_filter
 from wsss.utils.op_count import OpCounter
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -53,10 +55,8 @@ def softmax_maps(size: tuple[int, int], classes: int = 4, seed: int = 0) -> torc
 
 
 def box_for(size: tuple[int, int], device: torch.device | str = "cpu") -> permutohedral.FixedBox:
-    """The box of two crops of ``size`` (:meth:`DenseEnergyLoss._box`'s bounds)."""
-    low = [0.0, 0.0] + [RGB_RANGE[0] / SIGMA_RGB] * 3
-    high = [(size[1] - 1) / SIGMA_XY, (size[0] - 1) / SIGMA_XY] + [RGB_RANGE[1] / SIGMA_RGB] * 3
-    return fixed_box(low, high, 2, device)
+    """The box of two crops of ``size`` (:meth:`DenseEnergyLoss._box`'s)."""
+    return DenseEnergyLoss(1e-7, SIGMA_RGB, SIGMA_XY, 1.0, 255, "lattice")._box(2, size, torch.device(device))
 
 
 @pytest.mark.parametrize("size", [(24, 20), (23, 21)])  # 23 x 21 pixels: pydensecrf's SSE build pads each image
@@ -112,6 +112,37 @@ def test_the_gpu_s_path_of_the_lattice_loss_equals_the_cpu_s():
         torch.testing.assert_close(value_gpu, value_cpu, rtol=1e-5, atol=0)
         torch.testing.assert_close(grad_gpu, grad_cpu, rtol=1e-4, atol=1e-5 * grad_cpu.abs().max().item())
     assert len(loss._boxes) == 2 and {key[1] for key in loss._boxes} == {(23, 21), (16, 20)}
+
+
+def as_cuda_divides(images: Tensor, sigma_rgb: float, sigma_xy: float) -> Tensor:
+    """:func:`bilateral_features` with the positions divided as CUDA divides a tensor by a number: the product with
+    the number's float32 reciprocal (PyTorch's ``div_true_kernel_cuda``), one ulp above the quotient at times."""
+    features = bilateral_features(images, sigma_rgb, sigma_xy)
+    h, w = images.shape[-2:]
+    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
+    reciprocal = torch.tensor(1.0) / sigma_xy
+    features[:, 0], features[:, 1] = (xs * reciprocal).to(images.device), (ys * reciprocal).to(images.device)
+    return features
+
+
+@needs_kernel
+def test_the_gpu_s_box_holds_the_positions_a_gpu_divides(monkeypatch):
+    """On an H200 the GPU's path of the lattice loss gave NaN: 19 * (1/7) > 19/7 and 22 * (1/7) > 22/7 in float32, so
+    the last column of a 16 x 20 crop and the last row of a 23 x 21 one lay past the box's bounds at sigma 7. With
+    those positions the loss on the GPU's path (here on ``DEVICE``) is finite and equals the CPU's path."""
+    monkeypatch.setattr(losses, "bilateral_features", as_cuda_divides)
+    loss = DenseEnergyLoss(1e-7, SIGMA_RGB, SIGMA_XY, 1.0, 255, "lattice")
+    for size in ((16, 20), (23, 21)):
+        images, probs = photo_crops(size), softmax_maps(size)
+        last = as_cuda_divides(images, SIGMA_RGB, SIGMA_XY)[0, :2, -1, -1]
+        assert (last > torch.tensor([size[1] - 1, size[0] - 1]) / SIGMA_XY).any()  # what the test is about
+        values = []
+        for gpu_path in (False, True):
+            loss.lattice_kernels = gpu_path
+            device = DEVICE if gpu_path else torch.device("cpu")
+            values.append(loss(images.to(device), probs.to(device), None, probs.argmax(dim=1).to(device)).cpu())
+        assert values[1].isfinite()
+        torch.testing.assert_close(values[1], values[0], rtol=1e-5, atol=0)
 
 
 LOSS_OPERATIONS = (117, 6)

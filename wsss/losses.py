@@ -216,6 +216,10 @@ def gaussian_filter(features: Tensor, values: Tensor, kernel: str, block_size: i
 
 RGB_RANGE = (-1.0, 256.0)
 """The colours (0..255, de-normalised crops) a fixed lattice box of the energy covers, with a margin for rounding."""
+BOX_MARGIN_PIXELS = 1.0
+"""The margin of a fixed lattice box's positions past a crop's pixels, in pixels: CUDA divides a tensor by a number
+as the product with its reciprocal, one float32 ulp above the quotient at times (``19 * (1/7) > 19/7``); without it
+the last row or column of such a crop fell outside the box, and the loss was NaN (an H200, 2026-11-28)."""
 
 
 def lattice_filter(features: Tensor, values: Tensor, box: FixedBox | None = None, fused: bool | None = None) -> Tensor:
@@ -441,11 +445,11 @@ class DenseEnergyLoss(nn.Module):
     def _box(self, images: int, size: tuple[int, int], device: torch.device) -> FixedBox:
         """The lattice codes of ``images`` crops of ``size`` (made once each: the first, eager iteration uploads
         its constants, a captured one reuses them): :func:`bilateral_features`' range, colours in
-        :data:`RGB_RANGE`."""
+        :data:`RGB_RANGE`, positions :data:`BOX_MARGIN_PIXELS` past the crop's."""
         key = (images, size, device)
         if key not in self._boxes:
-            xy = self.sigma_xy * self.scale_factor
-            low = [0.0, 0.0] + [RGB_RANGE[0] / self.sigma_rgb] * 3
-            high = [(size[1] - 1) / xy, (size[0] - 1) / xy] + [RGB_RANGE[1] / self.sigma_rgb] * 3
+            xy, margin = self.sigma_xy * self.scale_factor, BOX_MARGIN_PIXELS
+            low = [-margin / xy] * 2 + [RGB_RANGE[0] / self.sigma_rgb] * 3
+            high = [(size[1] - 1 + margin) / xy, (size[0] - 1 + margin) / xy] + [RGB_RANGE[1] / self.sigma_rgb] * 3
             self._boxes[key] = fixed_box(low, high, images, device)
         return self._boxes[key]

@@ -102,3 +102,18 @@ def test_a_replayed_iteration_issues_a_handful_of_operations(monkeypatch):
         runner(batch, first + 2)
     assert graph.replays == 1 and counter.counts["replay"] == 1
     assert sum(counter.counts.values()) <= GRAPHED_CEILING, counter.counts
+
+
+def test_transfers_are_counted_apart_from_the_kernels():
+    """A copy to another device type and back (the meta device stands in for a GPU) and a pin's check are transfers;
+    a dtype's change on one device, an allocation and an addition are kernels. The CRF's ceilings
+    (tests/inference/test_crf_kernels.py), measured on the CPU, then hold on a GPU, whose uploads are transfers."""
+    x = torch.randn(4)
+    counter = OpCounter()
+    with counter:
+        x.to("meta")
+        torch.empty(4, device="meta").copy_(x)
+        x.to(torch.float64)
+        x.is_pinned()
+        x + 1
+    assert counter.transfers == {"other": 3} and counter.counts == {"other": 3}

@@ -376,7 +376,8 @@ to build the lattices and normalise the kernels, and per mean-field iteration, a
 
 @pytest.mark.parametrize("kernel", ["torch", "fused"])
 def test_a_crf_call_dispatches_no_more_operations_than_counted(kernel, monkeypatch):
-    """The ceilings of the table, on a 12 x 16 photograph's corner (the counts do not depend on the size)."""
+    """The ceilings of the table, on a 12 x 16 photograph's corner (the counts do not depend on the size); a GPU's
+    uploads and reads back are transfers, counted apart (``OpCounter.transfers``: none on the CPU)."""
     skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the photographs (dev requirement)")
     image = np.ascontiguousarray(skimage_data.astronaut()[100:124:2, 200:232:2])
     probs = torch.from_numpy(smooth_probs(image.shape[:2], 21, seed=5, cell=4)).to(DEVICE)
@@ -417,7 +418,8 @@ def test_the_fused_crf_matches_pydensecrf():
     skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the photographs (dev requirement)")
     pytest.importorskip("pydensecrf.densecrf", reason="pydensecrf2 (the CRF oracle) is a dev requirement")
     image = np.ascontiguousarray(skimage_data.chelsea()[40:64:2, 100:132:2])
-    assert_same_crf(image, smooth_probs(image.shape[:2], 21, seed=4, cell=4), CrfConfig(kernel="fused"), "chelsea")
+    probs = smooth_probs(image.shape[:2], 21, seed=4, cell=4)
+    assert_same_crf(image, probs, CrfConfig(kernel="fused"), "chelsea", DEVICE)
 
 
 def test_the_labels_and_the_stacked_labels_equal_the_pytorch_ones():

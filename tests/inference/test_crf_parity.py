@@ -51,16 +51,19 @@ def smooth_probs(shape: tuple[int, int], classes: int, seed: int, cell: int = 16
     return F.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)[0].softmax(0).numpy()
 
 
-def assert_same_crf(image: np.ndarray, probs: np.ndarray, cfg: CrfConfig, label: str = "") -> float:
-    """The torch backend's marginals within :data:`MARGINAL_ATOL` of the reference's, the argmax equal on at least
-    :data:`MIN_AGREEMENT` of the pixels and wherever the reference's top two differ by more than the bound.
+def assert_same_crf(image: np.ndarray, probs: np.ndarray, cfg: CrfConfig, label: str = "",
+                    device: torch.device | None = None) -> float:  # fmt: skip
+    """The torch backend's marginals (computed on ``device``: the probabilities' tensor there, else the CPU's numpy
+    path) within :data:`MARGINAL_ATOL` of the reference's, the argmax equal on at least :data:`MIN_AGREEMENT` of the
+    pixels and wherever the reference's top two differ by more than the bound.
 
     Where the mean-field is unstable (two near-even classes under a strong kernel double a difference at every
     iteration), float32 rounding alone moves the reference by more than the bound: there both float32 results must
     lie within the bound of the float64 run of the same algorithm. Returns the max abs gap."""
     expected = reference(image, probs, cfg)
     cfg = dataclasses.replace(cfg, backend="torch", memory_mib=WHOLE_IMAGE_MIB)
-    got = dense_crf(image, probs, cfg)
+    got = dense_crf(image, probs, cfg) if device is None else dense_crf(image, torch.from_numpy(probs).to(device),
+                                                                        cfg).cpu().numpy()  # fmt: skip
     gap = float(np.abs(got - expected).max())
     if gap > MARGINAL_ATOL:
         exact = dense_crf_batch([image], [torch.from_numpy(probs)], cfg, torch.float64)[0].numpy()

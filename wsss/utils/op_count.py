@@ -26,12 +26,33 @@ def is_view(func) -> bool:
     return func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 
+_STAGING = (torch.ops.aten._pin_memory.default, torch.ops.aten.is_pinned.default)
+
+
+def is_transfer(func, args: tuple, kwargs: dict) -> bool:
+    """Whether an ATen operation copies between the host and a device, or stages host memory for such a copy (a
+    device's copy engine or the host, not a kernel): a copy to or from another device type, a pin. A CPU run makes
+    none; on a GPU each upload of a host tensor makes two or three (``wsss.utils.tensors.to_device``: ``is_pinned``,
+    ``_pin_memory``, ``_to_copy``) and each read back one."""
+    if func in _STAGING:
+        return True
+    if func is torch.ops.aten._to_copy.default:
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type != args[0].device.type
+    if func is torch.ops.aten.copy_.default:
+        return args[0].device.type != args[1].device.type
+    return False
+
+
 class OpCounter(TorchDispatchMode):
-    """Counts the non-view ATen operations dispatched while active, per :meth:`stage` (``other`` outside any)."""
+    """Counts the non-view ATen operations dispatched while active, per :meth:`stage` (``other`` outside any); the
+    transfers between the host and a device apart (:func:`is_transfer`, :attr:`transfers`), so that a count made on a
+    GPU compares with the CPU's."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
+        self.transfers: Counter[str] = Counter()
         self.current = "other"
         self.paused = False
 
@@ -54,9 +75,10 @@ class OpCounter(TorchDispatchMode):
             self.paused = before
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if not self.paused and not is_view(func):
-            self.counts[self.current] += 1
-        return func(*args, **(kwargs or {}))
+            (self.transfers if is_transfer(func, args, kwargs) else self.counts)[self.current] += 1
+        return func(*args, **kwargs)
 
     def launches(self, kernel):
         """``kernel`` (a Triton kernel) with each launch counted as one operation of the current stage, and nothing of
