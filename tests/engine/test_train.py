@@ -174,8 +174,10 @@ def test_ddp_resume_is_exact_with_stochastic_depth(tiny_voc, tmp_path):
     assert h0 == h1 and len(h0) == 4  # one entry per log interval (1), averaged over the ranks
 
     resume = str(tmp_path / "full" / "iter_2.pth")
+    # one thread per rank, as the script's (torchrun's OMP_NUM_THREADS=1): the tool would take each rank's share of
+    # the cores, 7 threads on a 16-core machine, where the resumed weights then differed (2026-11-28)
     proc = torchrun("tools/train.py", str(cfg_file), "--work-dir", str(tmp_path / "resumed"), "--resume", resume,
-                    "--device", "cpu")  # fmt: skip
+                    "--device", "cpu", "--threads", "1")  # fmt: skip
     resumed = load_checkpoint(tmp_path / "resumed" / "iter_4.pth")
     for k in full["model"]:
         assert torch.equal(full["model"][k], resumed["model"][k]), k
