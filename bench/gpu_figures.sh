@@ -1,14 +1,15 @@
 #!/bin/bash
 # The GPU figures issues 36 and 37 still need, beside what tools/gpu_check.py measures, in one call; every step is
-# time-capped (the default steps at most 9.2 minutes in all):
+# time-capped (the default steps at most 8.5 minutes in all):
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
-# all but train_fp32, the two bf16 inference steps, loader, export and suite) choose among:
+# all but train_exact, train_fp32, the two bf16 inference steps, loader, export and suite) choose among:
 #   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the
 #                          forward pass and the CAM pass in bf16 (train.amp, train.cam_dtype), each stage eager and as
-#                          a CUDA graph against its bound (the energy kernel's autotuner picks its blocks here);
-#   train_lattice          the same bf16 step with the energy by the reference's lattice (loss.reg_kernel=lattice):
-#                          the whole step as CUDA graphs with it;
+#                          a CUDA graph against its bound (the exact energy kernel's autotuner picks its blocks
+#                          here, for its stage's row);
+#   train_exact            (not by default) the same bf16 step with the exact energy kernel instead of the reference's
+#                          lattice (loss.reg_kernel=auto, the default before 2026-11-28): the whole step with it;
 #   train_fp32             the paper setting as configured: the reference's float32 step and CAM pass, their
 #                          products in TF32 (train.fp32_precision, the reference's), each stage against its bound;
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
@@ -34,7 +35,7 @@
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-$repo/work_dirs/gpu_figures}}
 steps=("${@:2}")
-[ ${#steps[@]} -gt 0 ] || steps=(train_toy train_bf16 train_lattice infer_voc infer_coco crf tests)
+[ ${#steps[@]} -gt 0 ] || steps=(train_toy train_bf16 infer_voc infer_coco crf tests)
 mkdir -p "$out" && cd "$repo" || exit 2
 if [ -f .gpu-kit/run.sh ]; then runner=(bash .gpu-kit/run.sh python3)
 elif [ -x .venv/bin/python ]; then runner=(.venv/bin/python)
@@ -61,8 +62,8 @@ for name in "${steps[@]}"; do
       --repeats 3 ;;
     train_bf16) step "$name" 50 bench/bench_train.py --device cuda --steps 30 --repeats 3 --kernels 8 \
       --cfg-options train.amp=true train.cam_dtype=bfloat16 ;;
-    train_lattice) step "$name" 40 bench/bench_train.py --device cuda --steps 30 --repeats 2 \
-      --cfg-options train.amp=true train.cam_dtype=bfloat16 loss.reg_kernel=lattice ;;
+    train_exact) step "$name" 40 bench/bench_train.py --device cuda --steps 30 --repeats 2 \
+      --cfg-options train.amp=true train.cam_dtype=bfloat16 loss.reg_kernel=auto ;;
     train_fp32) step "$name" 40 bench/bench_train.py --device cuda --steps 20 --repeats 2 --kernels 8 ;;
     infer_voc) step "$name" 90 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 --repeats 2 ;;
@@ -82,7 +83,7 @@ for name in "${steps[@]}"; do
       tests/test_energy_kernel.py tests/test_energy_lattice.py tests/engine/test_cuda_step.py \
       tests/inference/test_cuda_inference.py tests/engine/test_graphs.py ;;
     suite) step "$name" 420 "${pytest[@]}" tests ;;
-    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_lattice train_fp32 infer_voc" \
+    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_exact train_fp32 infer_voc" \
       "infer_coco infer_voc_bf16 infer_coco_bf16 crf tests loader export suite)" >&2
       exit 2 ;;
   esac

@@ -11,8 +11,6 @@ photographs (docs/reference.md, "Energy-loss calibration").
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -173,11 +171,13 @@ def test_the_gpu_s_lattice_loss_dispatches_no_more_operations_than_counted(monke
 
 
 def test_the_lattice_weight_is_toco_s_and_the_exact_kernels_are_matched():
-    """``reg_lattice_match`` scales the exact kernels to the lattice's strength; the lattice takes ToCo's 1e-7."""
-    cfg = LossConfig()
-    assert DenseEnergyLoss.from_config(cfg, 255).weight == pytest.approx(1e-7 * 0.59)
-    lattice = DenseEnergyLoss.from_config(dataclasses.replace(cfg, reg_kernel="lattice"), 255)
+    """The default is the reference's lattice at ToCo's 1e-7; ``reg_lattice_match`` scales the exact kernels to the
+    lattice's strength."""
+    lattice = DenseEnergyLoss.from_config(LossConfig(), 255)
     assert lattice.weight == 1e-7 and lattice.kernel == "lattice"
+    for kernel in ("auto", "fused", "blocked"):
+        exact = DenseEnergyLoss.from_config(LossConfig(reg_kernel=kernel), 255)
+        assert exact.weight == pytest.approx(1e-7 * 0.59) and exact.kernel == kernel
 
 
 @needs_kernel

@@ -72,6 +72,7 @@ def small_gpu_check_config(tmp_path):
     cfg = tiny_config(tmp_path)
     cfg.data.classes = ["background", "cat", "dog"]
     cfg.model.drop_path_rate = 0.0
+    cfg.loss.reg_kernel = "auto"  # the step's energy: the lattice cannot run on the emulated device (crf_checks)
     gc = GpuCheckConfig(crop_size=32, energy_side=12, image_size=(24, 40))
     return dataclasses.replace(cfg, gpu_check=gc), gc
 

@@ -60,7 +60,7 @@ def parsed(script: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> arg
 def test_every_step_is_known_and_the_defaults_fit_one_call():
     text = SCRIPT.read_text()
     found = steps()
-    assert {"train_toy", "train_bf16", "train_lattice", "train_fp32", "infer_voc", "infer_coco", "infer_voc_bf16",
+    assert {"train_toy", "train_bf16", "train_exact", "train_fp32", "infer_voc", "infer_coco", "infer_voc_bf16",
             "infer_coco_bf16", "crf", "loader", "export", "tests", "suite"} <= set(found)  # fmt: skip
     defaults = re.search(r"steps=\(([\w ]+)\)\n", text).group(1).split()
     assert set(defaults) <= set(found)

@@ -26,9 +26,10 @@ Weights (our reading of docs/design.md "weight 1e-7 inside, 0.05 outside"): ``1e
 coefficient of the returned loss in the total loss (``LossConfig.reg_weight``).
 
 ToCo evaluates ``W S`` with a permutohedral lattice (Adams et al. 2010, the ``bilateralfilter`` extension
-of meng-tang/rloss), an approximation of the same Gaussian with a narrower effective kernel; here ``W S`` is
-computed exactly, by dense blocked evaluation (:func:`gaussian_filter_dense`, CPU) or by a fused Triton kernel
-(:func:`wsss.energy_kernel.gaussian_filter_fused`, CUDA), see :func:`gaussian_filter`. Calibration against the
+of meng-tang/rloss), an approximation of the same Gaussian with a narrower effective kernel. ``kernel="lattice"``,
+the default (below), is that lattice; the exact kernels compute ``W S`` exactly, by dense blocked evaluation
+(:func:`gaussian_filter_dense`, CPU) or by a fused Triton kernel (:func:`wsss.energy_kernel.gaussian_filter_fused`,
+CUDA), see :func:`gaussian_filter`. Calibration of their weight against the
 real lattice (rloss 1caa759 built from source, called exactly as ToCo e13514d calls it): on 33 crops of 448
 from 7 colour photographs (21 full crops, 12 with black padding and a smaller valid box) and three kinds of
 segmentation softmax each, the lattice's gradient norm was 0.593 +- 0.024 (0.55-0.63) times the exact one,
@@ -37,7 +38,7 @@ average but turn the gradient (cosine 0.984) and vary 3x more between images. So
 ToCo's sigmas and its weight is scaled: ``LossConfig.reg_lattice_match = 0.59`` multiplies
 ``reg_energy_weight = 1e-7`` (:meth:`DenseEnergyLoss.from_config`). docs/reference.md has the method.
 
-``kernel="lattice"`` (``loss.reg_kernel``) evaluates ``W S`` with the reference's lattice itself
+``kernel="lattice"`` (``loss.reg_kernel``, the default) evaluates ``W S`` with the reference's lattice itself
 (:func:`lattice_filter`: the CRF's permutohedral lattice, which is rloss's), at ToCo's weight: ToCo's loss to
 7.7e-6 and its gradient to 2.9e-7 of the largest entry (docs/reference.md), in about 2 % of the blocked version's
 time on a CPU at the paper setting.

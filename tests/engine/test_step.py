@@ -66,7 +66,7 @@ def test_step_terms_match_an_independent_computation(setup):
     par = PAR.from_config(cfg.par)
     target = pseudo_labels(rgb, cams, labels, valid, par, 0.7, 0.25, cfg.par.scale, 255)
     seg = F.interpolate(out.seg, size=(CROP, CROP), mode="bilinear", align_corners=False)
-    energy = DenseEnergyLoss(1e-7 * cfg.loss.reg_lattice_match, 15.0, 100.0, cfg.loss.reg_scale, 255, "blocked")
+    energy = DenseEnergyLoss(1e-7, 15.0, 100.0, cfg.loss.reg_scale, 255, "lattice")  # ToCo's, at its weight
     expected = {
         "cls": F.multilabel_soft_margin_loss(out.logits, labels),
         "aux": F.multilabel_soft_margin_loss(out.aux_logits, labels),
@@ -89,9 +89,11 @@ def test_step_terms_match_an_independent_computation(setup):
     for name, wrong in wrong_targets.items():
         assert not torch.equal(wrong, target), name
         assert not torch.allclose(balanced_seg_ce(seg, wrong, 255), expected["seg"]), name
+    exact = DenseEnergyLoss(1e-7 * cfg.loss.reg_lattice_match, 15.0, 100.0, cfg.loss.reg_scale, 255, "blocked")
     for wrong_energy in (
         energy(rgb, seg.softmax(dim=1), valid, target),  # a [0, 1] image
         energy(rgb * 255.0, seg.softmax(dim=1), None, target),  # the valid box dropped
+        exact(rgb * 255.0, seg.softmax(dim=1), valid, target),  # the exact kernel (the default before 2026-11-28)
     ):
         assert not torch.allclose(wrong_energy, expected["reg"], rtol=1e-3)
     assert {0, 255} <= set(target.unique().tolist()) and (target > 0).logical_and(target < 255).any()

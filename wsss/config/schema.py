@@ -30,9 +30,9 @@ from wsss.config.validation import (
 )
 from wsss.data.classes import VOC_CLASSES
 
-ENERGY_KERNELS = ("auto", "fused", "blocked", "lattice")
-"""Implementations of the energy loss's ``W S``: the exact ones (:func:`wsss.losses.gaussian_filter`) and the
-reference's lattice (:func:`wsss.losses.lattice_filter`)."""
+ENERGY_KERNELS = ("lattice", "auto", "fused", "blocked")
+"""Implementations of the energy loss's ``W S``, the default first: the reference's lattice
+(:func:`wsss.losses.lattice_filter`) and the exact ones (:func:`wsss.losses.gaussian_filter`)."""
 FP32_PRECISIONS = ("tf32", "ieee")
 """How a GPU computes float32 matrix products and convolutions (:func:`wsss.utils.tensors.fp32_precision`),
 named as torch's ``fp32_precision`` names them."""
@@ -263,11 +263,12 @@ class LossConfig(Section):
     reg_sigma_xy: float = bounded(100.0, POSITIVE)
     reg_scale: float = bounded(0.5, FRACTION)
     reg_kernel: str = choice(*ENERGY_KERNELS)
-    """How ``W S`` of the energy is evaluated: exactly by ``fused`` (one Triton kernel, no tile of ``W`` in memory;
-    CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``blocked`` (tiles in PyTorch, any device) or ``auto`` (fused on
-    CUDA when triton is installed, blocked elsewhere); or ``lattice``: the reference's permutohedral lattice
-    (ToCo's ``bilateralfilter`` of meng-tang/rloss, equal to it within float32 rounding), at ToCo's weight (no
-    ``reg_lattice_match``), about ``N (d+1)`` points' work instead of ``N^2`` pairs' (docs/reference.md)."""
+    """How ``W S`` of the energy is evaluated: by ``lattice``, the default, the reference's permutohedral lattice
+    (ToCo's ``bilateralfilter`` of meng-tang/rloss, equal to it within float32 rounding) at ToCo's weight (no
+    ``reg_lattice_match``), about ``N (d+1)`` points' work instead of ``N^2`` pairs'; or exactly (docs/reference.md
+    row 6) by ``fused`` (one Triton kernel, no tile of ``W`` in memory; CUDA, or the CPU under
+    ``TRITON_INTERPRET=1``), ``blocked`` (tiles in PyTorch, any device) or ``auto`` (fused on CUDA when triton is
+    installed, blocked elsewhere)."""
     seg_resize: str = choice("matmul", "interpolate")
     """How the decoder's logits are brought to the crop's pixels for the seg and energy losses, the same bilinear
     resize either way (float32 rounding apart): ``matmul`` (one product per axis, :class:`wsss.models.PixelResize`,
