@@ -20,9 +20,9 @@ from wsss.utils.distributed import balanced_shards
 REPO = Path(__file__).resolve().parents[2]
 OPTS = ["--scales", "1.0", "0.75", "--no-flip", "--workers", "0", "--no-progress", "--device", "cpu", "--gallery",
         "--threads", "1"]
-"""One torch thread in every process, whatever the machine's cores: the same float rounding (a rank takes its share
-of the cores by default, torchrun's ``OMP_NUM_THREADS=1`` apart: 8 threads for each of 2 ranks on a 16-core GPU machine,
-where the 2-rank test failed against the 1-thread run, 2026-11-28)."""
+"""One torch thread in every process, whatever the machine's cores, so that all round alike: a tool's rank takes its
+share of the cores by default, whatever torchrun's ``OMP_NUM_THREADS=1`` says (8 threads for each of 2 ranks on a
+16-core GPU machine, where the 2-rank run differed from the 1-thread one, 2026-11-28)."""
 
 
 def torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
