@@ -4,8 +4,9 @@
 
 Counts non-view ATen operations (:mod:`wsss.utils.op_count`; on a GPU about one kernel launch each) of one iteration
 of :func:`wsss.engine.train.iteration` after ``loss.seg_start_iter`` (every term) at the config's batch, CAM scales,
-PAR and energy kernel (``fused``, the GPU's, run here in Triton's interpreter; ``--cfg-options par.kernel=torch`` for
-PAR's PyTorch path), attributed to the stage that ran them. The counts do not depend on the crop size, so the crop
+PAR and energy kernel, on the GPU's paths run here in Triton's interpreter (PAR's kernels, and the lattice's with
+its codes fixed in advance; ``--cfg-options par.kernel=torch`` for PAR's PyTorch path, ``loss.reg_kernel=fused`` for
+the exact energy kernel), attributed to the stage that ran them. The counts do not depend on the crop size, so the crop
 defaults to 64 px (``--size``) to keep the interpreter fast. Each Triton launch counts as one operation (what the
 interpreter dispatches inside it, nothing: :meth:`wsss.utils.op_count.OpCounter.launches`).
 
@@ -20,7 +21,7 @@ import argparse
 import os
 import types
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused energy kernel on CPU tensors
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton kernels on CPU tensors
 
 import torch  # noqa: E402
 from bench_train import random_batch  # noqa: E402
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    opts = {"model.pretrained": "", "loss.reg_kernel": "fused", "par.kernel": "fused", "data.crop_size": args.size,
+    opts = {"model.pretrained": "", "par.kernel": "fused", "data.crop_size": args.size,
             **parse_cfg_options(args.cfg_options)}  # fmt: skip
     cfg = load_config(args.config, opts)
     eager, graphed = count_iterations(cfg, args.size)

@@ -145,8 +145,8 @@ def test_the_gpu_s_box_holds_the_positions_a_gpu_divides(monkeypatch):
 
 LOSS_OPERATIONS = (117, 6)
 """Operations the lattice loss dispatches on a GPU's path (each Triton launch one), forward and backward (the
-forward 116 before the real points were counted); the training step's energy stage (``bench/op_counts.py
---cfg-options loss.reg_kernel=lattice``) adds the logits' resize."""
+forward 116 before the real points were counted); the training step's energy stage (``bench/op_counts.py``, 128)
+adds what surrounds the loss in the step, the logits' resize among it."""
 
 
 @needs_kernel

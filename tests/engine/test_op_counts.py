@@ -26,11 +26,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CEILINGS = {"torch": (1967, 562), "fused": (1479, 74)}
 """``par.kernel`` -> (one eager iteration, its PAR pseudo labels), as measured here with the blocked energy kernel
-(bench/op_counts.py, with the fused one and each Triton launch counted as one: 1,947 / 1,459). PAR in PyTorch: 10
-iterations x 48 neighbours of one multiply-add each, and the affinities; its Triton kernels (:mod:`wsss.par_kernel`):
-1 + 10 launches and 3 allocations; then what surrounds PAR in the step (resizing, the score stacks, the argmax: 60).
-The logits' resize (``loss.seg_resize="matmul"``) dispatches 6 operations, two products each way and two reshapes,
-where ``F.interpolate`` dispatched 2."""
+(``bench/op_counts.py --cfg-options loss.reg_kernel=fused``, with the fused one and each Triton launch counted as
+one: 1,947 / 1,459; with the default lattice on the GPU's path, ``bench/op_counts.py``: 1,484 with PAR in Triton).
+PAR in PyTorch: 10 iterations x 48 neighbours of one multiply-add each, and the affinities; its Triton kernels
+(:mod:`wsss.par_kernel`): 1 + 10 launches and 3 allocations; then what surrounds PAR in the step (resizing, the score
+stacks, the argmax: 60). The logits' resize (``loss.seg_resize="matmul"``) dispatches 6 operations, two products each
+way and two reshapes, where ``F.interpolate`` dispatched 2."""
 GRAPHED_CEILING = 12
 """One replayed iteration, as measured: the batch copied in (3), the iteration index, the replay, the schedule (6), the
 loss terms copied out of the graph's memory (1)."""
