@@ -20,6 +20,12 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
   Triton kernels, a row for each of ``--cuda-blur-directions``: ``infer.crf.blur_directions``), the most images a
   run holds, and the batch's traffic bound (``--traffic``) in ms per image.
 
+``--profile N`` (with the CUDA table): at the largest ``--cuda-batches`` size, with each kernel choice, one call of
+each case in two profiles (``torch.profiler``, each after an untimed call): the construction (a call of 0
+iterations: the lattices and the kernels' normalisation) and the whole call; the kernels' count and time summed
+against the call's wall time (the GPU's busy share: far below 1, the host's launches and waits hold the call), and
+the N longest.
+
 ``--launches``: the operations the host dispatches per CRF call, on the CPU (the Triton kernels in Triton's
 interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the
 kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice (the Triton
@@ -144,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="store_true", help="only the peak bytes per pixel, on the CPU")
     parser.add_argument("--traffic", action="store_true", help="only the memory-bandwidth bound, on the CPU")
     parser.add_argument("--memory-size", type=int, nargs=2, default=(375, 500), metavar=("H", "W"))
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="with the CUDA table: the N longest kernels of the construction and a call")  # fmt: skip
     parser.add_argument("--peak", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.peak:
@@ -215,6 +223,7 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     runs_of = [("torch", 1)] if "torch" in args.cuda_kernels else []
     runs_of += [("fused", k) for k in args.cuda_blur_directions] if "fused" in args.cuda_kernels else []
+    profiled = []
     for name in args.cases:
         # the i-th image is photograph i % 5 (its lattices; the probabilities change none of the traffic)
         sizes = [lattice_sizes(cfg, i, p) for i, p in zip(*case_inputs(name, len(PHOTOS)), strict=True)]
@@ -243,6 +252,29 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                       f"{1000 / ms:.1f} | {peak / 2**20:.0f} | "
                       f"{bound / 2**20:.0f} | {max(len(run) for run in runs)} | {traffic / HBM * 1000:.2f} |",
                       flush=True)  # fmt: skip
+                if args.profile and batch_size == max(args.cuda_batches):
+                    blurs = f", {directions} blur directions per launch" if kernel == "fused" else ""
+                    profiled.append((f"{name}, batch {batch_size}, {kernel}{blurs}", images, tensors, run_cfg))
+    for label, images, tensors, run_cfg in profiled:
+        profile_call(label, images, tensors, run_cfg, args.profile, torch.device("cuda"))
+
+
+def profile_call(label: str, images: list, probs: list, cfg: CrfConfig, top: int, device) -> None:
+    """``--profile``: the kernels (a CPU's operators) of one ``dense_crf_batch`` call of ``images`` and their
+    ``probs`` on ``device``, its construction (0 iterations) and the whole call, each against its wall time (the
+    median of 3)."""
+    from _common import kernel_times, print_kernels, timed
+
+    from wsss.inference.crf import dense_crf_batch
+
+    for part, part_cfg in (("construction (0 iterations)", replace(cfg, iterations=0)),
+                           (f"whole call ({cfg.iterations} iterations)", cfg)):  # fmt: skip
+
+        def call(c=part_cfg):
+            return dense_crf_batch(images, probs, c)
+
+        wall, _ = timed(call, 3, device)
+        print_kernels(f"{label}: {part}", kernel_times(call, device), top, device.type == "cuda", wall, "its wall")
 
 
 def iteration_traffic(pixels: int, lattices: list[tuple[int, int]], classes: int, half: tuple[int, ...] = (),

@@ -27,6 +27,11 @@ The loop rows also give the CPU time of the loop's own thread per image (``time.
 :meth:`~wsss.inference.folder.loop.InferenceLoop.run`: without the decoding processes and the writing threads), the
 host's serial share, at each ``--write-threads`` count.
 
+``--profile N``: each loop row once more, its thread under cProfile on that thread's CPU clock (on a GPU a wait for
+the device spins, so it shows as the CPU time of the call that waits): the N functions with the most own CPU time,
+per image, and on CUDA the GPU's kernels summed over that run (``torch.profiler``) against its wall time. Where the
+loop is far from the model alone, this says whether the host's own work or the device holds it.
+
 ``--case coco``: 640 x 480 images and ``configs/coco_centered.py`` (81 classes) by default, the COCO-sized case.
 
 ``--memory``: each mode runs once more, untimed, and its peak memory is printed: on CUDA the most the loop allocated
@@ -54,16 +59,19 @@ Usage::
     python bench/bench_inference.py --rows "loop alone" --write-threads 0 2 --num 48 --repeats 3
     python bench/bench_inference.py --rows "loop alone" --modes single --outputs gallery --num 48
     python bench/bench_inference.py --case coco --rows loop --modes ms+flip+crf --memory --num 16 --batch-size 16
+    python bench/bench_inference.py --device cuda --rows loop --modes single --num 128 --batch-size 16 --profile 15
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib.util
 import json
 import math
 import os
 import platform
+import pstats
 import shlex
 import subprocess
 import sys
@@ -75,6 +83,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from wsss.config import Config, CrfConfig, load_config
@@ -126,6 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--write-threads", type=int, nargs="+", default=[InferenceOptions.write_threads],
                         help="the loop rows at each count of writing threads (tools/infer.py --write-threads)")
     parser.add_argument("--nproc", type=int, nargs="+", help="time tools/infer.py under torchrun at these rank counts")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="each loop row once more, profiled: the N functions of the loop's thread with the most "
+                             "own CPU time (on CUDA also the GPU's busy time)")  # fmt: skip
     parser.add_argument("--memory", action="store_true",
                         help="each mode's peak memory (CUDA: allocated on the device; CPU: its stand-in)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -233,6 +245,52 @@ def time_loop(
     return best, best_cpu
 
 
+def profile_loop(
+    ckpt: Path, images: Path, out: Path, mode: str, args: argparse.Namespace, write_threads: int, label: str
+) -> None:
+    """``--profile``: one more run of ``mode``'s loop, its own thread under cProfile on that thread's CPU clock, and
+    the ``--profile`` functions with the most own CPU time, per image; on CUDA also the GPU's kernels summed over the
+    run (``torch.profiler``), against its wall time."""
+    cuda = torch.device(args.device).type == "cuda"
+    profiler = cProfile.Profile(time.thread_time)
+    original = InferenceLoop.run
+
+    def profiled_run(self, todo):
+        profiler.enable()
+        try:
+            return original(self, todo)
+        finally:
+            profiler.disable()
+
+    InferenceLoop.run = profiled_run
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) if cuda else nullcontext() as prof:
+            summary = run_inference(ckpt, images, out, options=loop_options(mode, args, write_threads),
+                                    device=args.device)  # fmt: skip
+    finally:
+        InferenceLoop.run = original
+    assert summary.done == args.num and not summary.skipped, summary.format()
+    per_image = 1e3 / args.num
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own, cumulative, callers)}
+    rows = sorted(((function_name(*func), calls, own) for func, (_, calls, own, _, _) in stats.items()),
+                  key=lambda row: -row[2])  # fmt: skip
+    spent = sum(own for _, _, own in rows)
+    gpu = ""
+    if cuda:
+        busy = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == DeviceType.CUDA) / 1e6
+        gpu = f"; the GPU's kernels {busy * per_image:.2f} ms per image, {busy / summary.seconds:.0%} of the wall"
+    print(f"\n{label}, profiled: the loop's thread {spent * per_image:.2f} CPU ms per image in all, the wall "
+          f"{summary.seconds * per_image:.2f} ms per image{gpu}")  # fmt: skip
+    print("| function | calls per image | own CPU ms per image | share |\n|---|---:|---:|---:|")
+    for name, calls, own in rows[: args.profile]:
+        print(f"| `{name}` | {calls / args.num:.2f} | {own * per_image:.3f} | {own / spent:.0%} |")
+
+
+def function_name(file: str, line: int, name: str) -> str:
+    """A cProfile entry's function: a built-in's name as cProfile gives it, else ``file.py:line(name)``."""
+    return name if file == "~" else f"{Path(file).name}:{line}({name})"
+
+
 def infer_options(args: argparse.Namespace) -> dict[str, str]:
     """The ``infer.*`` options ``--mask-classes`` and ``--dtype`` give."""
     return {k: v for k, v in (("infer.mask_classes", args.mask_classes), ("infer.dtype", args.dtype)) if v}
@@ -321,10 +379,14 @@ def bench_config(
                 name = f"{row}, {threads} writing threads" if several else row
                 if row == "loop":
                     seconds, cpu = time_loop(ckpt, images, out, mode, args, args.repeats, threads)
+                    if args.profile:
+                        profile_loop(ckpt, images, out, mode, args, threads, f"{Path(config).name} {mode} {name}")
                 elif row == "loop alone":
                     with free_models():
                         time_loop(ckpt, images, out, mode, args, 1, threads)  # computes the free model's outputs
                         seconds, cpu = time_loop(ckpt, images, out, mode, args, args.repeats, threads)
+                        if args.profile:
+                            profile_loop(ckpt, images, out, mode, args, threads, f"{Path(config).name} {mode} {name}")
                 else:
                     with model_precision(cfg.infer.fp32_precision, cfg.infer.dtype, args.device):  # as the Segmenter
                         seconds, cpu = time_model(model, mode, args), float("nan")

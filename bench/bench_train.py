@@ -34,10 +34,8 @@ import sys
 import time
 
 import torch
-from _common import rss_bytes, synchronize, timed
+from _common import kernel_times, print_kernels, rss_bytes, synchronize, timed
 from step_on_paper import stages as paper_bounds
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
 from wsss.cam import multiscale_cam
 from wsss.config import load_config, parse_cfg_options
@@ -96,34 +94,6 @@ def timed_stage(fn, repeats: int, device: torch.device) -> tuple[float, float | 
         return eager, None, out
     replayed, _ = timed(graph.replay, repeats, device)
     return eager, replayed, out
-
-
-def kernel_times(fn, device: torch.device) -> list[tuple[str, int, float]]:
-    """(name, calls, seconds) of each kernel one eager call of ``fn`` ran on ``device`` (on a CPU each operator's own
-    time), the longest first; after one untimed call."""
-    cuda = device.type == "cuda"
-    fn()
-    synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
-        fn()
-        synchronize(device)
-    wanted = DeviceType.CUDA if cuda else DeviceType.CPU
-    rows = [(e.key, e.count, (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e6)
-            for e in prof.key_averages() if e.device_type == wanted]  # fmt: skip
-    return sorted(rows, key=lambda row: -row[2])
-
-
-def print_kernels(label: str, rows: list[tuple[str, int, float]], top: int, graph: float | None, cuda: bool) -> None:
-    """One stage's :func:`kernel_times`: the count and sum of all, against its graph's time, then the ``top``
-    longest."""
-    what = "kernels" if cuda else "operators (a CPU's: their own time)"
-    busy = sum(seconds for _, _, seconds in rows)
-    against = f", {busy / graph:.0%} of its graph's {graph * 1e3:.2f} ms" if graph else ""
-    print(f"\n{label}: {sum(calls for _, calls, _ in rows)} {what}, {busy * 1e3:.2f} ms summed{against}")
-    print("| kernel | calls | ms | share |\n|---|---:|---:|---:|")
-    for name, calls, seconds in rows[:top]:
-        name = name if len(name) <= 90 else name[:87] + "..."
-        print(f"| `{name}` | {calls} | {seconds * 1e3:.3f} | {seconds / busy:.0%} |")
 
 
 def stage_bounds(cfg, amp: bool, cam_bf16: bool) -> dict[str, float]:
@@ -343,7 +313,7 @@ def measure(args: argparse.Namespace, cfg) -> int:
           f"({energy['lattice'] * 1e3:.1f} ms)")  # fmt: skip
     print(f"peak memory: {peak_memory(device)}")
     for label, found in profiled.items():
-        print_kernels(label, found, args.kernels, rows[label][1], device.type == "cuda")
+        print_kernels(label, found, args.kernels, device.type == "cuda", rows[label][1], "its graph's")
     print("losses: " + ", ".join(f"{k} {v:.4g}" for k, v in losses.items()))
     problems = [k for k, v in losses.items() if not torch.isfinite(torch.tensor(v))]
     if not bool(finite_logits):

@@ -3,7 +3,7 @@
 # time-capped (the default steps at most 8.5 minutes in all):
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
-# all but train_exact, train_fp32, the two bf16 inference steps, loader, export and suite) choose among:
+# all but train_exact, train_fp32, infer_profile, the two bf16 inference steps, loader, export and suite) choose among:
 #   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the
 #                          forward pass and the CAM pass in bf16 (train.amp, train.cam_dtype), each stage eager and as
 #                          a CUDA graph against its bound (the exact energy kernel's autotuner picks its blocks
@@ -16,12 +16,17 @@
 #                          loop and the model alone, single scale, ms + flip, + CRF, the best of 2 runs (a first run
 #                          pays the kernels' compilation); at COCO size (81 classes, every class: the reference) with
 #                          the peak GPU memory of each mode;
+#   infer_profile          (not by default) where the VOC-sized loop's time goes, DeiT-S, single scale and + CRF: the
+#                          loop's thread profiled on its CPU clock (a wait for the device spins there, so it shows as
+#                          the CPU time of the call that waits), its 15 costliest functions per image, and the GPU's
+#                          busy share of the wall;
 #   infer_voc_bf16, infer_coco_bf16
 #                          (not by default) the same with the model in bf16 autocast (infer.dtype, docs/reference.md
 #                          row 23);
 #   crf                    the CRF alone, both kernels (the Triton one blurring 1, 2 and 3 directions per launch:
 #                          infer.crf.blur_directions), batch 1 and 16, with its peak CUDA memory and traffic bound,
-#                          the cases by their need (COCO's 81 classes first, VOC's 3 last);
+#                          the cases by their need (COCO's 81 classes first, VOC's 3 last), and at batch 16 the 12
+#                          longest kernels of the construction and of a whole call, with the GPU's busy share;
 #   loader                 (not by default) the training loader alone on the GPU host's cores, 0-8 workers, against
 #                          what 30 it/s needs (bench/bench_loader.py), at most 120 s;
 #   export                 (not by default) the pseudo-label export (with and without --crf) and eval_cams --pseudo
@@ -70,13 +75,15 @@ for name in "${steps[@]}"; do
     infer_coco) step "$name" 120 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 \
       --repeats 2 ;;
+    infer_profile) step "$name" 60 bench/bench_inference.py --device cuda --case voc --configs configs/voc_centered.py \
+      --num 128 --batch-size 16 --rows loop --modes single ms+flip+crf --max-workers 0 --profile 15 ;;
     infer_voc_bf16) step "$name" 90 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 --repeats 2 --dtype bfloat16 ;;
     infer_coco_bf16) step "$name" 120 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 \
       --repeats 2 --dtype bfloat16 ;;
     crf) step "$name" 90 bench/bench_crf.py --cuda-only --cuda-batches 1 16 --cuda-blur-directions 1 2 3 \
-      --cases coco81 voc21 voc3 ;;
+      --cases coco81 voc21 voc3 --profile 12 ;;
     loader) step "$name" 120 bench/bench_loader.py --workers 0 1 2 4 8 --batches 48 ;;
     export) step "$name" 120 bench/bench_export.py --device cuda --time --crf --num 256 --batch-sizes 1 16 ;;
     tests) step "$name" 120 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \
@@ -84,7 +91,7 @@ for name in "${steps[@]}"; do
       tests/inference/test_cuda_inference.py tests/engine/test_graphs.py ;;
     suite) step "$name" 420 "${pytest[@]}" tests ;;
     *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_exact train_fp32 infer_voc" \
-      "infer_coco infer_voc_bf16 infer_coco_bf16 crf tests loader export suite)" >&2
+      "infer_coco infer_profile infer_voc_bf16 infer_coco_bf16 crf tests loader export suite)" >&2
       exit 2 ;;
   esac
 done

@@ -75,3 +75,21 @@ def test_the_traffic_table_reads_the_lattices_a_call_builds():
     gathered = [float(rows[name][8]) for name in nested]  # traffic, more rows gathered
     assert gathered == sorted(gathered), gathered
     assert float(rows["float16, both lattices"][9]) > 1e-4  # the rounding shows in the marginals
+
+
+def test_a_profiled_call_splits_the_construction_from_the_mean_field(capsys):
+    """``--profile``: the construction's operators (a call of 0 iterations) are a part of the whole call's, whose
+    mean-field adds its iterations' products; each table sums its rows against the call's wall time (on a CPU the
+operators' own times, near all of it)."""
+    import torch
+
+    pytest.importorskip("skimage")  # its photographs (a dev requirement)
+    image, probs = bench_crf.photographs((24, 32), 1)[0], bench_crf.probabilities((24, 32), 3, 0)
+    cfg = bench_crf.CrfConfig(iterations=3, kernel="torch")
+    bench_crf.profile_call("a case", [image], [torch.from_numpy(probs)], cfg, 3, torch.device("cpu"))
+    heads = [line for line in capsys.readouterr().out.splitlines() if line.startswith("a case: ")]
+    found = [re.fullmatch(r"a case: (.+): (\d+) operators \(a CPU's: their own time\), ([\d.]+) ms summed, (\d+)% of "
+                          r"its wall ([\d.]+) ms", line) for line in heads]  # fmt: skip
+    assert [m and m[1] for m in found] == ["construction (0 iterations)", "whole call (3 iterations)"], heads
+    (_, built, _, built_share, _), (_, whole, _, whole_share, _) = (m.groups() for m in found)
+    assert 0 < int(built) < int(whole) and int(built_share) > 0 and int(whole_share) > 0
