@@ -211,39 +211,42 @@ def cpu_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
               f"{best / inline:.2f}x | {ref_mem:.0f} | {peak_memory(name, 'torch'):.0f} |")  # fmt: skip
 
 
-def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
+def cuda_table(args: argparse.Namespace, cfg: CrfConfig, device: str = "cuda") -> None:
+    """The CUDA table (the module docstring), on ``device`` (the CPU runs the same code, for the tests)."""
     import torch
+    from _common import synchronize
 
     from wsss.inference.crf import _runs, dense_crf_batch, estimated_bytes, uses_kernels
     from wsss.utils.allocations import peak_allocated
 
-    print(f"\nCUDA: {torch.cuda.get_device_name()}")
-    print("| case | batch | infer.crf.kernel | blur directions per launch | ms/image | images/s | peak CUDA MiB "
-          "| bound MiB | images per run | traffic bound ms/image |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    device = torch.device(device)
+    header = ("| case | batch | infer.crf.kernel | blur directions per launch | ms/image | images/s | peak CUDA MiB "
+              "| bound MiB | images per run | traffic bound ms/image |\n" + "|---" * 10 + "|")  # fmt: skip
+    where = f"CUDA: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU (the CUDA table's code)"
+    print(f"\n{where}\n{header}")
     runs_of = [("torch", 1)] if "torch" in args.cuda_kernels else []
     runs_of += [("fused", k) for k in args.cuda_blur_directions] if "fused" in args.cuda_kernels else []
-    profiled = []
     for name in args.cases:
+        profiled = []
         # the i-th image is photograph i % 5 (its lattices; the probabilities change none of the traffic)
         sizes = [lattice_sizes(cfg, i, p) for i, p in zip(*case_inputs(name, len(PHOTOS)), strict=True)]
         for batch_size in args.cuda_batches:
             images, probs = case_inputs(name, batch_size)
-            tensors = [torch.from_numpy(p).cuda() for p in probs]
+            tensors = [torch.from_numpy(p).to(device) for p in probs]
             for kernel, directions in runs_of:
                 traffic = sum(call_traffic(sizes[k % len(PHOTOS)], CASES[name][1], cfg.iterations,
                                            directions=directions) for k in range(batch_size)) / batch_size  # fmt: skip
                 run_cfg = replace(cfg, kernel=kernel, blur_directions=directions)
                 dense_crf_batch(images, tensors, run_cfg)  # warm-up
-                torch.cuda.synchronize()
+                synchronize(device)
                 tic = time.perf_counter()
                 for _ in range(3):
                     dense_crf_batch(images, tensors, run_cfg)
-                torch.cuda.synchronize()
+                synchronize(device)
                 ms = (time.perf_counter() - tic) / 3 / batch_size * 1000
-                peak = peak_allocated(lambda c=run_cfg, i=images, t=tensors: dense_crf_batch(i, t, c), "cuda")
+                peak = peak_allocated(lambda c=run_cfg, i=images, t=tensors: dense_crf_batch(i, t, c), device)
                 # the budget bounds a run; the call also holds the marginals it returns (4 bytes a pixel and class)
-                fused = uses_kernels(run_cfg, "cuda")
+                fused = uses_kernels(run_cfg, device)
                 runs = _runs([tuple(t.shape) for t in tensors], run_cfg, fused)
                 largest = max(estimated_bytes(sum(tensors[k][0].numel() for k in run), CASES[name][1], fused)
                               for run in runs)  # fmt: skip
@@ -255,8 +258,10 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                 if args.profile and batch_size == max(args.cuda_batches):
                     blurs = f", {directions} blur directions per launch" if kernel == "fused" else ""
                     profiled.append((f"{name}, batch {batch_size}, {kernel}{blurs}", images, tensors, run_cfg))
-    for label, images, tensors, run_cfg in profiled:
-        profile_call(label, images, tensors, run_cfg, args.profile, torch.device("cuda"))
+        for label, images, tensors, run_cfg in profiled:  # each case's as it ends: a run cut short keeps them
+            profile_call(label, images, tensors, run_cfg, args.profile, device)
+        if profiled and name != args.cases[-1]:
+            print(f"\n{header}")
 
 
 def profile_call(label: str, images: list, probs: list, cfg: CrfConfig, top: int, device) -> None:

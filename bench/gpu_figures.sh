@@ -23,10 +23,11 @@
 #   infer_voc_bf16, infer_coco_bf16
 #                          (not by default) the same with the model in bf16 autocast (infer.dtype, docs/reference.md
 #                          row 23);
-#   crf                    the CRF alone, both kernels (the Triton one blurring 1, 2 and 3 directions per launch:
-#                          infer.crf.blur_directions), batch 1 and 16, with its peak CUDA memory and traffic bound,
-#                          the cases by their need (COCO's 81 classes first, VOC's 3 last), and at batch 16 the 12
-#                          longest kernels of the construction and of a whole call, with the GPU's busy share;
+#   crf                    the CRF alone, both kernels (the Triton one blurring one direction per launch, the
+#                          fastest on the H200), batch 1 and 16, with its peak CUDA memory and traffic bound, the
+#                          cases by their need (COCO's 81 classes first, VOC's 3 last), and after each case, at batch
+#                          16, the 12 longest kernels of the construction and of a whole call, with the GPU's busy
+#                          share;
 #   loader                 (not by default) the training loader alone on the GPU host's cores, 0-8 workers, against
 #                          what 30 it/s needs (bench/bench_loader.py), at most 120 s;
 #   export                 (not by default) the pseudo-label export (with and without --crf) and eval_cams --pseudo
@@ -82,8 +83,7 @@ for name in "${steps[@]}"; do
     infer_coco_bf16) step "$name" 120 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 \
       --repeats 2 --dtype bfloat16 ;;
-    crf) step "$name" 90 bench/bench_crf.py --cuda-only --cuda-batches 1 16 --cuda-blur-directions 1 2 3 \
-      --cases coco81 voc21 voc3 --profile 12 ;;
+    crf) step "$name" 90 bench/bench_crf.py --cuda-only --cuda-batches 1 16 --cases coco81 voc21 voc3 --profile 12 ;;
     loader) step "$name" 120 bench/bench_loader.py --workers 0 1 2 4 8 --batches 48 ;;
     export) step "$name" 120 bench/bench_export.py --device cuda --time --crf --num 256 --batch-sizes 1 16 ;;
     tests) step "$name" 120 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \

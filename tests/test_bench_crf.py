@@ -80,7 +80,7 @@ def test_the_traffic_table_reads_the_lattices_a_call_builds():
 def test_a_profiled_call_splits_the_construction_from_the_mean_field(capsys):
     """``--profile``: the construction's operators (a call of 0 iterations) are a part of the whole call's, whose
     mean-field adds its iterations' products; each table sums its rows against the call's wall time (on a CPU the
-operators' own times, near all of it)."""
+    operators' own times, near all of it)."""
     import torch
 
     pytest.importorskip("skimage")  # its photographs (a dev requirement)
@@ -93,3 +93,28 @@ operators' own times, near all of it)."""
     assert [m and m[1] for m in found] == ["construction (0 iterations)", "whole call (3 iterations)"], heads
     (_, built, _, built_share, _), (_, whole, _, whole_share, _) = (m.groups() for m in found)
     assert 0 < int(built) < int(whole) and int(built_share) > 0 and int(whole_share) > 0
+
+
+def test_the_cuda_table_profiles_each_case_at_its_largest_batch(capsys, monkeypatch):
+    """The CUDA table's code on the CPU, two small cases at batches of 1 and 2: a row per case and batch, then each
+    case's two profiles at the batch of 2 only, before the next case's rows under their own header."""
+    import argparse
+
+    pytest.importorskip("skimage")  # its photographs (a dev requirement)
+    monkeypatch.setattr(bench_crf, "CASES", {"three": ((24, 32), 3), "five": ((24, 32), 5)})
+    args = argparse.Namespace(cases=["three", "five"], cuda_batches=[1, 2], cuda_kernels=["torch"],
+                              cuda_blur_directions=[1], profile=2)  # fmt: skip
+    bench_crf.cuda_table(args, bench_crf.CrfConfig(iterations=2), "cpu")
+    shown = []
+    for line in capsys.readouterr().out.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if cells[:1] == ["case"]:
+            shown.append("header")
+        elif cells[:1] in (["three"], ["five"]):
+            shown.append(f"{cells[0]} at {cells[1]}")
+        elif line.startswith(("three,", "five,")):
+            shown.append(line.split(": ")[0] + ": " + line.split(": ")[1])
+    assert shown == ["header", "three at 1", "three at 2", "three, batch 2, torch: construction (0 iterations)",
+                     "three, batch 2, torch: whole call (2 iterations)", "header", "five at 1", "five at 2",
+                     "five, batch 2, torch: construction (0 iterations)", "five, batch 2, torch: whole call (2 "
+                     "iterations)"], shown  # fmt: skip
