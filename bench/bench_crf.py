@@ -17,8 +17,10 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
 - on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory of a call (above
   its inputs) against its bound (the largest run's estimate, which ``infer.crf.memory_mib`` holds, plus the
   marginals the call returns), with each of ``--cuda-kernels`` (``infer.crf.kernel``: PyTorch's sparse products, the
-  Triton kernels, a row for each of ``--cuda-blur-directions``: ``infer.crf.blur_directions``), the most images a
-  run holds, and the batch's traffic bound (``--traffic``) in ms per image.
+  Triton kernels, a row for each of ``--cuda-blur-directions``: ``infer.crf.blur_directions``) at each of
+  ``--cuda-memory-mib`` (``infer.crf.memory_mib``, the budget that splits a batch into runs: larger runs share each
+  run's fixed cost among more images), the most images a run holds, and the batch's traffic bound (``--traffic``) in
+  ms per image.
 
 ``--profile N`` (with the CUDA table): at the largest ``--cuda-batches`` size, with each kernel choice, one call of
 each case in two profiles (``torch.profiler``, each after an untimed call): the construction (a call of 0
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--cuda-batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--cuda-kernels", nargs="+", default=["torch", "fused"], choices=["torch", "fused"])
+    parser.add_argument("--cuda-memory-mib", type=int, nargs="+", default=[CrfConfig.memory_mib],
+                        help="infer.crf.memory_mib, a row each")  # fmt: skip
     parser.add_argument("--cuda-blur-directions", type=int, nargs="+", default=[1], choices=[1, 2, 3],
                         help="the fused kernels' infer.crf.blur_directions, a row each")  # fmt: skip
     parser.add_argument("--cuda-only", action="store_true", help="only the CUDA table (make gpu-check)")
@@ -220,12 +224,14 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig, device: str = "cuda") -
     from wsss.utils.allocations import peak_allocated
 
     device = torch.device(device)
-    header = ("| case | batch | infer.crf.kernel | blur directions per launch | ms/image | images/s | peak CUDA MiB "
-              "| bound MiB | images per run | traffic bound ms/image |\n" + "|---" * 10 + "|")  # fmt: skip
+    columns = ("case", "batch", "infer.crf.kernel", "blur directions per launch", "memory_mib", "ms/image", "images/s",
+               "peak CUDA MiB", "bound MiB", "images per run", "traffic bound ms/image")  # fmt: skip
+    header = "| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|"
     where = f"CUDA: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU (the CUDA table's code)"
     print(f"\n{where}\n{header}")
     runs_of = [("torch", 1)] if "torch" in args.cuda_kernels else []
     runs_of += [("fused", k) for k in args.cuda_blur_directions] if "fused" in args.cuda_kernels else []
+    runs_of = [(kernel, directions, mib) for kernel, directions in runs_of for mib in args.cuda_memory_mib]
     for name in args.cases:
         profiled = []
         # the i-th image is photograph i % 5 (its lattices; the probabilities change none of the traffic)
@@ -233,10 +239,10 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig, device: str = "cuda") -
         for batch_size in args.cuda_batches:
             images, probs = case_inputs(name, batch_size)
             tensors = [torch.from_numpy(p).to(device) for p in probs]
-            for kernel, directions in runs_of:
+            for kernel, directions, mib in runs_of:
                 traffic = sum(call_traffic(sizes[k % len(PHOTOS)], CASES[name][1], cfg.iterations,
                                            directions=directions) for k in range(batch_size)) / batch_size  # fmt: skip
-                run_cfg = replace(cfg, kernel=kernel, blur_directions=directions)
+                run_cfg = replace(cfg, kernel=kernel, blur_directions=directions, memory_mib=mib)
                 dense_crf_batch(images, tensors, run_cfg)  # warm-up
                 synchronize(device)
                 tic = time.perf_counter()
@@ -251,13 +257,14 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig, device: str = "cuda") -
                 largest = max(estimated_bytes(sum(tensors[k][0].numel() for k in run), CASES[name][1], fused)
                               for run in runs)  # fmt: skip
                 bound = largest + sum(t.numel() * 4 for t in tensors)
-                print(f"| {name} | {batch_size} | {kernel} | {directions if kernel == 'fused' else '-'} | {ms:.2f} | "
-                      f"{1000 / ms:.1f} | {peak / 2**20:.0f} | "
-                      f"{bound / 2**20:.0f} | {max(len(run) for run in runs)} | {traffic / HBM * 1000:.2f} |",
-                      flush=True)  # fmt: skip
+                cells = (name, batch_size, kernel, directions if kernel == "fused" else "-", mib, f"{ms:.2f}",
+                         f"{1000 / ms:.1f}", f"{peak / 2**20:.0f}", f"{bound / 2**20:.0f}",
+                         max(len(run) for run in runs), f"{traffic / HBM * 1000:.2f}")  # fmt: skip
+                print("| " + " | ".join(map(str, cells)) + " |", flush=True)
                 if args.profile and batch_size == max(args.cuda_batches):
                     blurs = f", {directions} blur directions per launch" if kernel == "fused" else ""
-                    profiled.append((f"{name}, batch {batch_size}, {kernel}{blurs}", images, tensors, run_cfg))
+                    budget = f", memory_mib {mib}" if len(args.cuda_memory_mib) > 1 else ""
+                    profiled.append((f"{name}, batch {batch_size}, {kernel}{blurs}{budget}", images, tensors, run_cfg))
         for label, images, tensors, run_cfg in profiled:  # each case's as it ends: a run cut short keeps them
             profile_call(label, images, tensors, run_cfg, args.profile, device)
         if profiled and name != args.cases[-1]:

@@ -96,14 +96,15 @@ def test_a_profiled_call_splits_the_construction_from_the_mean_field(capsys):
 
 
 def test_the_cuda_table_profiles_each_case_at_its_largest_batch(capsys, monkeypatch):
-    """The CUDA table's code on the CPU, two small cases at batches of 1 and 2: a row per case and batch, then each
-    case's two profiles at the batch of 2 only, before the next case's rows under their own header."""
+    """The CUDA table's code on the CPU, two small cases at batches of 1 and 2 and two memory budgets: a row per case,
+    batch and budget, then each case's profiles, at the batch of 2 only, before the next case's rows under their own
+    header."""
     import argparse
 
     pytest.importorskip("skimage")  # its photographs (a dev requirement)
     monkeypatch.setattr(bench_crf, "CASES", {"three": ((24, 32), 3), "five": ((24, 32), 5)})
     args = argparse.Namespace(cases=["three", "five"], cuda_batches=[1, 2], cuda_kernels=["torch"],
-                              cuda_blur_directions=[1], profile=2)  # fmt: skip
+                              cuda_blur_directions=[1], cuda_memory_mib=[64, 128], profile=2)  # fmt: skip
     bench_crf.cuda_table(args, bench_crf.CrfConfig(iterations=2), "cpu")
     shown = []
     for line in capsys.readouterr().out.splitlines():
@@ -111,10 +112,13 @@ def test_the_cuda_table_profiles_each_case_at_its_largest_batch(capsys, monkeypa
         if cells[:1] == ["case"]:
             shown.append("header")
         elif cells[:1] in (["three"], ["five"]):
-            shown.append(f"{cells[0]} at {cells[1]}")
+            shown.append(f"{cells[0]} {cells[1]} {cells[4]}")
         elif line.startswith(("three,", "five,")):
-            shown.append(line.split(": ")[0] + ": " + line.split(": ")[1])
-    assert shown == ["header", "three at 1", "three at 2", "three, batch 2, torch: construction (0 iterations)",
-                     "three, batch 2, torch: whole call (2 iterations)", "header", "five at 1", "five at 2",
-                     "five, batch 2, torch: construction (0 iterations)", "five, batch 2, torch: whole call (2 "
-                     "iterations)"], shown  # fmt: skip
+            shown.append(line.split(": ")[0] + ": " + line.split(": ")[1].split(" ")[0])
+
+    def rows(case: str) -> list[str]:
+        profiles = [f"{case}, batch 2, torch, memory_mib {mib}: {part}" for mib in (64, 128)
+                    for part in ("construction", "whole")]  # fmt: skip
+        return ["header", *(f"{case} {batch} {mib}" for batch in (1, 2) for mib in (64, 128)), *profiles]
+
+    assert shown == rows("three") + rows("five"), shown
