@@ -15,7 +15,11 @@
 3. Peak memory (CUDA allocated; the process's peak RSS on a CPU).
 4. Inference: ``infer.scales`` + flip on ``--images`` random 500 x 375 images, and the confusion-matrix evaluator
    on the same device.
-5. With ``--kernels N``: each stage's kernels in one profiled eager call (``torch.profiler``): how many ran, their
+5. ``--attention explicit``: the attention variants' explicit path (:func:`wsss.models.set_fused_attention`), the
+   ``n x n`` matrix by matrix products as the reference computes it, where SDPA's float32 kernel (the only one that
+   takes float32) computes each product as three TF32 ones (docs/benchmarks.md, "Attention in float32 is three TF32
+   products"): whether the float32 step gains from one TF32 product each more than the matrices' traffic costs.
+6. With ``--kernels N``: each stage's kernels in one profiled eager call (``torch.profiler``): how many ran, their
    time summed (the GPU's busy time, against the stage's graph), and the N that took the most; on a CPU the operators'
    own times instead. Where a stage is far above its bound, this says whether its kernels are few and slow or many
    and small.
@@ -47,7 +51,7 @@ from wsss.engine.step import TrainingStep
 from wsss.engine.train import LossMeter, iteration, iteration_runner, to_device
 from wsss.evaluation.metrics import ConfusionMatrix
 from wsss.losses import DenseEnergyLoss, balanced_seg_ce
-from wsss.models import PixelResize, build_model, maps_to_pixels
+from wsss.models import PixelResize, build_model, maps_to_pixels, set_fused_attention
 from wsss.models.tta import tta_forward
 from wsss.pseudo_label import boxes_to_mask, pseudo_labels
 from wsss.utils.tensors import fp32_precision
@@ -69,6 +73,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, help=f"inference images (default {PAPER['images']}; CPU {CPU['images']})")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--cfg-options", nargs="+", metavar="KEY=VALUE", help="override config values")
+    parser.add_argument("--attention", choices=("fused", "explicit"), default="fused",
+                        help="the variants' attention path: SDPA's kernel (the library's), or the n x n matrix by "
+                             "matrix products (the reference's computation; in float32 one TF32 product each on a GPU "
+                             "where SDPA's float32 kernel takes three)")  # fmt: skip
     parser.add_argument("--kernels", type=int, default=0, metavar="N",
                         help="per stage, the N kernels that took the most time in one profiled call (0: none)")
     args = parser.parse_args(argv)
@@ -156,6 +164,7 @@ def measure(args: argparse.Namespace, cfg) -> int:
     num_classes = len(cfg.data.classes)
     torch.manual_seed(0)
     model = build_model(cfg.model, num_classes).to(device).train()
+    set_fused_attention(model, args.attention == "fused")
     optimizer = build_optimizer(model, cfg.optim)
     o = cfg.optim
     scheduler = PolyWarmupScheduler(optimizer, cfg.train.max_iters, o.warmup_iters, o.warmup_ratio, o.power)
@@ -170,7 +179,7 @@ def measure(args: argparse.Namespace, cfg) -> int:
         f"{cfg.model.backbone} / {cfg.model.attention.name}, batch {b}, {s}x{s}, CAM scales {cfg.cam.scales} + flip, "
         f"PAR {cfg.par.num_iter} it, energy kernel {cfg.loss.reg_kernel!r}, bf16 autocast {step.amp}, CAM pass "
         f"{'bfloat16' if step.cam_autocast else 'float32'}, float32 products {cfg.train.fp32_precision}, CUDA graphs "
-        f"{graphs}; {name}"
+        f"{graphs}, attention {args.attention}; {name}"
     )
 
     # 1. the real loop body; every term is on from loss.seg_start_iter

@@ -3,7 +3,8 @@
 # time-capped (the default steps at most 9 minutes in all):
 #   bash bench/gpu_figures.sh [OUT [STEP ...]]
 # OUT (default: $OUT, else work_dirs/gpu_figures) gets one log per step and figures.md, their tables. STEPs (default:
-# all but train_exact, train_fp32, infer_profile, the two bf16 inference steps, loader, export and suite) choose among:
+# all but train_exact, the two train_fp32 steps, infer_profile, the two bf16 inference steps, loader, export and
+# suite) choose among:
 #   train_toy, train_bf16  the training step, the toy config (issue 36's 100 it/s) and the paper setting with the
 #                          forward pass and the CAM pass in bf16 (train.amp, train.cam_dtype), each stage eager and as
 #                          a CUDA graph against its bound (the exact energy kernel's autotuner picks its blocks
@@ -12,6 +13,9 @@
 #                          lattice (loss.reg_kernel=auto, the default before 2026-11-28): the whole step with it;
 #   train_fp32             the paper setting as configured: the reference's float32 step and CAM pass, their
 #                          products in TF32 (train.fp32_precision, the reference's), each stage against its bound;
+#   train_fp32_explicit    (not by default) the same with the attention's explicit path (the n x n matrix by matrix
+#                          products, the reference's computation: one TF32 product each where SDPA's float32 kernel
+#                          takes three), against train_fp32;
 #   infer_voc, infer_coco  inference at VOC and COCO size (issue 37) at the batch of 16 the tools take on a GPU: the
 #                          loop and the model alone, single scale, ms + flip, + CRF, the best of 2 runs (a first run
 #                          pays the kernels' compilation); at COCO size (81 classes, every class: the reference) with
@@ -72,6 +76,8 @@ for name in "${steps[@]}"; do
     train_exact) step "$name" 40 bench/bench_train.py --device cuda --steps 30 --repeats 2 \
       --cfg-options train.amp=true train.cam_dtype=bfloat16 loss.reg_kernel=auto ;;
     train_fp32) step "$name" 40 bench/bench_train.py --device cuda --steps 20 --repeats 2 --kernels 8 ;;
+    train_fp32_explicit) step "$name" 40 bench/bench_train.py --device cuda --steps 20 --repeats 2 \
+      --attention explicit ;;
     infer_voc) step "$name" 90 bench/bench_inference.py --device cuda --case voc --num 128 --batch-size 16 \
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --max-workers 0 --repeats 2 ;;
     infer_coco) step "$name" 120 bench/bench_inference.py --device cuda --case coco --num 64 --batch-size 16 \
@@ -92,8 +98,8 @@ for name in "${steps[@]}"; do
       tests/test_energy_kernel.py tests/test_energy_lattice.py tests/engine/test_cuda_step.py \
       tests/inference/test_cuda_inference.py tests/engine/test_graphs.py ;;
     suite) step "$name" 420 "${pytest[@]}" tests ;;
-    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_exact train_fp32 infer_voc" \
-      "infer_coco infer_profile infer_voc_bf16 infer_coco_bf16 crf tests loader export suite)" >&2
+    *) echo "gpu_figures.sh: unknown step '$name' (train_toy train_bf16 train_exact train_fp32 train_fp32_explicit" \
+      "infer_voc infer_coco infer_profile infer_voc_bf16 infer_coco_bf16 crf tests loader export suite)" >&2
       exit 2 ;;
   esac
 done
