@@ -380,12 +380,12 @@ class CrfConfig(Section):
     calling process on the model's device and ignores it (:class:`wsss.inference.crf.CrfPool`)."""
     memory_mib: int = bounded(3072, Range(64, 2**20, why="64 MiB to 1 TiB"))
     """Budget of one CRF call's working memory, in MiB, on the CPU or the GPU. A call's estimate is its pixels x
-    (:data:`~wsss.inference.crf.BYTES_PER_PIXEL` + :data:`~wsss.inference.crf.BYTES_PER_PIXEL_AND_CLASS` x classes),
-    the measured worst case (on the Triton kernels' path, a GPU's, its own ``KERNEL_BYTES_PER_PIXEL...``: half as
+    (:data:`~wsss.inference.crf.BYTES_PER_PIXEL` + :data:`~wsss.inference.crf.BYTES_PER_PIXEL_AND_CLASS` x classes), the
+    measured worst case (on the Triton kernels' path, ``kernel=fused``, its own ``KERNEL_BYTES_PER_PIXEL...``: half as
     much at 21 classes); an image whose estimate exceeds the budget runs at the largest reduced resolution that fits
     (the kernel widths in pixels scaled with it, the marginals brought back to full size bilinearly), and a batch is
-    split into calls that fit. 3072 keeps every VOC and COCO image (at most 640 x 480, 81 classes: 2.7 GiB)
-    at its own size."""
+    split into calls that fit. 3072 keeps every VOC and COCO image (at most 640 x 480, 81 classes: 2.7 GiB) at its own
+    size."""
 
 
 @dataclass

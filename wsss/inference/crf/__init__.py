@@ -18,15 +18,15 @@ Two backends (``CrfConfig.backend``):
   threaded, so :class:`CrfPool` runs it in ``CrfConfig.workers`` processes while the caller keeps feeding the model.
 
 Memory: bounded by ``CrfConfig.memory_mib`` per call, on the CPU and on CUDA, for both backends. A call's estimate
-(:func:`estimated_bytes`) is its pixels x (:data:`BYTES_PER_PIXEL` + :data:`BYTES_PER_PIXEL_AND_CLASS` x classes),
-the torch backend's measured worst case as peak RSS (pydensecrf needs less), or on the Triton kernels' path (a
-GPU's) its own, as its allocator counts it (:data:`KERNEL_BYTES_PER_PIXEL`, :data:`KERNEL_BYTES_PER_PIXEL_AND_CLASS`:
-at 21 classes half as much, so a GPU's run holds twice the images). An image whose estimate exceeds the budget runs
-at the largest reduced resolution that fits (:func:`working_size`: the image and the probabilities shrunk,
-antialiased, a band of rows at a time; the kernel widths in pixels scaled with them), and its marginals come back to
-full size bilinearly, a band of rows at a time for the labels. A batch is split into calls that each fit. Beyond the
-budget the caller holds its inputs (the image, 3 bytes per pixel; the probabilities, 4 per pixel and class) and
-:func:`dense_crf`'s full-size marginals.
+(:func:`estimated_bytes`) is its pixels x (:data:`BYTES_PER_PIXEL` + :data:`BYTES_PER_PIXEL_AND_CLASS` x classes), the
+torch backend's measured worst case as peak RSS (pydensecrf needs less), or on the Triton kernels' path
+(``infer.crf.kernel=fused``) its own, as its allocator counts it (:data:`KERNEL_BYTES_PER_PIXEL`,
+:data:`KERNEL_BYTES_PER_PIXEL_AND_CLASS`: at 21 classes half as much, so its runs hold twice the images). An image whose
+estimate exceeds the budget runs at the largest reduced resolution that fits (:func:`working_size`: the image and the
+probabilities shrunk, antialiased, a band of rows at a time; the kernel widths in pixels scaled with them), and its
+marginals come back to full size bilinearly, a band of rows at a time for the labels. A batch is split into calls that
+each fit. Beyond the budget the caller holds its inputs (the image, 3 bytes per pixel; the probabilities, 4 per pixel
+and class) and :func:`dense_crf`'s full-size marginals.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ image can have; photographs need about half), tests/inference/test_crf.py::test_
 BYTES_PER_PIXEL_AND_CLASS = 64
 """And per pixel and class (marginals, unary, messages, the lattice's values): 61 B measured with 2 and 81 classes."""
 KERNEL_BYTES_PER_PIXEL = 1536
-"""The Triton kernels' path (:func:`uses_kernels`: a GPU's), per pixel: the most its allocator holds at once, as
+"""The Triton kernels' path (:func:`uses_kernels`), per pixel: the most its allocator holds at once, as
 ``BYTES_PER_PIXEL`` with the per-class part below: on colour noise 1,223 B at 2 classes for a 500 x 375 image and up
 to 1,424 for smaller ones (a batch of 8 of 64 x 48); the lattices with their neighbours instead of blur matrices,
 no sparse library's buffers. Measured on the CPU with the simplices kernel interpreted (``bench/bench_crf.py
