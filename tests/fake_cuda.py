@@ -42,7 +42,9 @@ CUDA copies asynchronously only from page-locked memory; from pageable memory th
 through a pinned buffer of its own and may synchronise with the stream to do so (the CUDA Runtime API's "API
 synchronization behavior"), so the host can stall as for a blocking copy. PyTorch's sync debug mode does not flag it,
 hence a count of its own. ``Tensor.pin_memory`` gives a copy that the emulator marks as pinned (a real pin needs a
-driver) and ``Tensor.is_pinned`` reads the mark, so code that pins before copying is seen doing so.
+driver) and ``Tensor.is_pinned`` reads the mark, so code that pins before copying is seen doing so. Counted too
+(:attr:`FakeCudaMode.launches`): every op on the device but views and copies to or from the host, about one kernel
+launch each on a GPU.
 
 On a machine with a real GPU the emulator steps aside: :func:`fake_cuda` runs the block on the real device, with
 ``torch.cuda.set_sync_debug_mode("error")`` while ``no_sync`` is set, so every test written for the emulator asserts
@@ -72,6 +74,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from wsss.utils.op_count import is_transfer, is_view
 from wsss.utils.tensors import fp32_precision
 
 TORCH_FLOOR = (2, 10)
@@ -166,6 +169,9 @@ class FakeCudaMode(TorchDispatchMode):
         """The ops that made the host wait for the device so far (the ``no_sync`` region's errors, counted)."""
         self.pageable: list[str] = []
         """The ``non_blocking`` copies to the device from pageable host memory so far (the module docstring)."""
+        self.launches: list[str] = []
+        """The ops on the device so far that are not views or copies between the host and the device: about one kernel
+        launch each on a GPU (:mod:`wsss.utils.op_count`)."""
         self.pinned: dict[int, torch.Tensor] = {}
         """The storages that ``Tensor.pin_memory`` made inside the block, by address (kept alive, so that no other
         storage takes the address while the block runs)."""
@@ -207,6 +213,8 @@ class FakeCudaMode(TorchDispatchMode):
         uploads = _blocking_upload(func, args, kwargs)
         if reads_device or copies_to_host or uploads:
             self.syncs.append(str(func))
+        if not is_view(func) and not is_transfer(func, args, kwargs):
+            self.launches.append(str(func))
         source = _non_blocking_upload(func, args, kwargs)
         if source is not None and not self.is_pinned(source):
             self.pageable.append(str(func))

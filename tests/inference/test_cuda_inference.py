@@ -103,9 +103,10 @@ def crf_stand_ins(monkeypatch) -> None:
 
 def syncs_per_batch(root, ckpt, tmp_path, options: dict, counted: str = "syncs") -> tuple[int, int]:
     """Every op that makes the host wait for the device (a read of device data, a copy to the host, a blocking
-    upload; or with ``counted="pageable"`` every copy to it from pageable memory), over 2 images in a batch of 2, 4
-    in batches of 2 and 4 in a batch of 4: the model's loading and the run's set-up cancel out in the differences.
-    Returns the count of a batch of 2, and what a batch of 4 costs more."""
+    upload; or with ``counted="pageable"`` every copy to it from pageable memory, with ``counted="launches"`` every op
+    on the device), over 2 images in a batch of 2, 4 in batches of 2 and 4 in a batch of 4: the model's loading and
+    the run's set-up cancel out in the differences. Returns the count of a batch of 2, and what a batch of 4 costs
+    more."""
     syncs = {}
     for count, batch_size in ((2, 2), (4, 2), (4, 4)):
         folder = tmp_path / f"in{count}"
@@ -127,6 +128,25 @@ def syncs_per_batch(root, ckpt, tmp_path, options: dict, counted: str = "syncs")
 def test_the_folder_loop_waits_for_the_device_twice_per_batch(toy_checkpoint, tmp_path, tta):
     per_batch, more_for_four = syncs_per_batch(*toy_checkpoint, tmp_path, {"scales": tta[0], "flip": tta[1]})
     assert (per_batch, more_for_four) == (LOOP_SYNCS_PER_BATCH, 0)
+
+
+LOOP_LAUNCHES = {"single": (108, 10), "ms+flip": (327, 27)}
+"""Ops on the device (about one kernel launch each on a GPU) of the folder loop with the test suite's toy
+checkpoint at 200 x 160: per batch whatever its size (the model's passes, the masks' and the classes' batched work)
+and per image (each image's TTA maps brought to full size and folded, its mask); measured (docs/benchmarks.md,
+"Launches of the folder loop"). DeiT-S at single scale: 369 per batch and the same 10 per image."""
+
+
+@emulated_counts
+@pytest.mark.parametrize("tta", [((1.0,), False), (SCALES, True)], ids=["single", "ms+flip"])
+def test_the_folder_loop_launches_no_more_than_counted(toy_checkpoint, tmp_path, tta):
+    """The launches per batch of 2 and what 2 more images in one batch add: the per-image and per-batch parts held
+    to :data:`LOOP_LAUNCHES` (a plant that computes each image's mask apart, or resizes its maps twice, fails)."""
+    batch_of_two, two_more = syncs_per_batch(*toy_checkpoint, tmp_path, {"scales": tta[0], "flip": tta[1]},
+                                             counted="launches")  # fmt: skip
+    per_batch, per_image = LOOP_LAUNCHES["single" if len(tta[0]) == 1 else "ms+flip"]
+    assert two_more % 2 == 0 and two_more // 2 <= per_image, two_more
+    assert batch_of_two - two_more <= per_batch, (batch_of_two, two_more)
 
 
 @emulated_counts
