@@ -141,7 +141,7 @@ and per image (each image's TTA maps brought to full size and folded, its mask);
 @pytest.mark.parametrize("tta", [((1.0,), False), (SCALES, True)], ids=["single", "ms+flip"])
 def test_the_folder_loop_launches_no_more_than_counted(toy_checkpoint, tmp_path, tta):
     """The launches per batch of 2 and what 2 more images in one batch add: the per-image and per-batch parts held
-    to :data:`LOOP_LAUNCHES` (a plant that computes each image's mask apart, or resizes its maps twice, fails)."""
+    to :data:`LOOP_LAUNCHES` (a plant copying each image's maps once more fails: 11 and 28 per image)."""
     batch_of_two, two_more = syncs_per_batch(*toy_checkpoint, tmp_path, {"scales": tta[0], "flip": tta[1]},
                                              counted="launches")  # fmt: skip
     per_batch, per_image = LOOP_LAUNCHES["single" if len(tta[0]) == 1 else "ms+flip"]
