@@ -25,8 +25,8 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
 ``--profile N`` (with the CUDA table): at the largest ``--cuda-batches`` size, with each kernel choice, one call of
 each case in two profiles (``torch.profiler``, each after an untimed call): the construction (a call of 0
 iterations: the lattices and the kernels' normalisation) and the whole call; the kernels' count and time summed
-against the call's wall time (the GPU's busy share: far below 1, the host's launches and waits hold the call), and
-the N longest.
+against the call's wall time (the GPU's busy share: well below 1 where the host's launches and waits hold the
+call), and the N longest.
 
 ``--launches``: the operations the host dispatches per CRF call, on the CPU (the Triton kernels in Triton's
 interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the

@@ -1,5 +1,5 @@
 """bench/bench_inference.py --profile: the loop's own thread profiled on its CPU clock, per image (docs/benchmarks.md,
-"Inference: the loop alone and the model alone": where a GPU's loop spends the host's time)."""
+"Where the loop's time goes": where a GPU's loop spends the host's time)."""
 
 from __future__ import annotations
 
