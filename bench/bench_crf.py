@@ -16,8 +16,9 @@ scikit-image photographs (astronaut, chelsea, coffee, rocket, motorcycle) resize
 - peak memory of one image, each backend in a fresh process (peak RSS, VmHWM, above the RSS after imports);
 - on CUDA (when available): ms per image at each ``--cuda-batches`` size and the peak CUDA memory of a call (above
   its inputs) against its bound (the largest run's estimate, which ``infer.crf.memory_mib`` holds, plus the
-  marginals the call returns), with each of ``--cuda-kernels`` (``infer.crf.kernel``: PyTorch's sparse products, the
-  Triton kernels, a row for each of ``--cuda-blur-directions``: ``infer.crf.blur_directions``) at each of
+  marginals the call returns), with each of ``--cuda-kernels`` (``infer.crf.kernel``: ``auto``, the simplices found
+  by their Triton kernel and PyTorch's sparse products; ``torch``, PyTorch's alone; ``fused``, the Triton kernels, a
+  row for each of ``--cuda-blur-directions``: ``infer.crf.blur_directions``) at each of
   ``--cuda-memory-mib`` (``infer.crf.memory_mib``, the budget that splits a batch into runs: larger runs share each
   run's fixed cost among more images), the most images a run holds, and the batch's traffic bound (``--traffic``) in
   ms per image.
@@ -30,8 +31,9 @@ call), and the N longest.
 
 ``--launches``: the operations the host dispatches per CRF call, on the CPU (the Triton kernels in Triton's
 interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the
-kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice (the Triton
-kernels blurring 1, 2 and 3 directions per launch), on a photograph shrunk to 48 x 64 (the counts do not depend on
+kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice (``auto`` as
+on CUDA: the simplices kernel beside PyTorch's products; the Triton kernels blurring 1, 2 and 3 directions per
+launch), on a photograph shrunk to 48 x 64 (the counts do not depend on
 the size); for 3 and 21 classes also three stacks of them (``crf_labels_stacked``, the pseudo-label export's call).
 
 ``--memory``: the most memory one CRF call holds, bytes per pixel, as the allocator counts it (on the CPU:
@@ -64,7 +66,7 @@ from pathlib import Path
 import numpy as np
 from step_on_paper import H100
 
-from wsss.config import CrfConfig
+from wsss.config import CRF_KERNELS, CrfConfig
 
 CASES = {"voc3": ((375, 500), 3), "voc21": ((375, 500), 21), "coco81": ((480, 640), 81)}
 HBM = H100["hbm"]
@@ -144,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--cuda-batches", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--cuda-kernels", nargs="+", default=["torch", "fused"], choices=["torch", "fused"])
+    parser.add_argument("--cuda-kernels", nargs="+", default=list(CRF_KERNELS), choices=CRF_KERNELS,
+                        help="infer.crf.kernel, a row each (auto on CUDA: the simplices kernel and PyTorch's "
+                        "products)")  # fmt: skip
     parser.add_argument("--cuda-memory-mib", type=int, nargs="+", default=[CrfConfig.memory_mib],
                         help="infer.crf.memory_mib, a row each")  # fmt: skip
     parser.add_argument("--cuda-blur-directions", type=int, nargs="+", default=[1], choices=[1, 2, 3],
@@ -229,8 +233,8 @@ def cuda_table(args: argparse.Namespace, cfg: CrfConfig, device: str = "cuda") -
     header = "| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|"
     where = f"CUDA: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU (the CUDA table's code)"
     print(f"\n{where}\n{header}")
-    runs_of = [("torch", 1)] if "torch" in args.cuda_kernels else []
-    runs_of += [("fused", k) for k in args.cuda_blur_directions] if "fused" in args.cuda_kernels else []
+    runs_of = [(kernel, k) for kernel in args.cuda_kernels
+               for k in (args.cuda_blur_directions if kernel == "fused" else [1])]  # fmt: skip
     runs_of = [(kernel, directions, mib) for kernel, directions in runs_of for mib in args.cuda_memory_mib]
     for name in args.cases:
         profiled = []
@@ -421,22 +425,28 @@ def traffic_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
                   flush=True)  # fmt: skip
 
 
-def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iterations: int = 2) -> tuple[int, float]:
+def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iterations: int = 2,
+                  as_on_cuda: bool = False) -> tuple[int, float]:  # fmt: skip
     """Operations of one ``dense_crf`` call of 0 iterations, and per iteration (the difference over ``iterations``),
     the Triton kernels' launches counted as one each; (S, C, H, W) ``probs`` are S stacks of one image
-    (``crf_labels_stacked``, the pseudo-label export's call)."""
+    (``crf_labels_stacked``, the pseudo-label export's call). ``as_on_cuda``: the simplices found as on CUDA
+    (:func:`wsss.inference.crf.finds_simplices_by_kernel` there, which ``auto`` on the CPU does not)."""
     import torch
 
+    from wsss.inference import crf
     from wsss.inference.crf import crf_labels_stacked, dense_crf, kernels
     from wsss.utils.op_count import OpCounter
 
     counts = []
     names = kernels.LAUNCHED
     originals = [getattr(kernels, name) for name in names]
+    finds = crf.finds_simplices_by_kernel
     for n in (0, iterations):
         counter = OpCounter()
         for name, kernel in zip(names, originals, strict=True):
             setattr(kernels, name, counter.launches(kernel))
+        if as_on_cuda:
+            crf.finds_simplices_by_kernel = lambda c, device: finds(c, "cuda")
         try:
             with counter:
                 call = crf_labels_stacked if probs.ndim == 4 else dense_crf
@@ -444,6 +454,7 @@ def launch_counts(cfg: CrfConfig, image: np.ndarray, probs: np.ndarray, iteratio
         finally:
             for name, kernel in zip(names, originals, strict=True):
                 setattr(kernels, name, kernel)
+            crf.finds_simplices_by_kernel = finds
         counts.append(sum(counter.counts.values()))
     return counts[0], (counts[1] - counts[0]) / iterations
 
@@ -460,10 +471,12 @@ def launch_table(args: argparse.Namespace, cfg: CrfConfig) -> None:
         if 3 * classes <= 128:  # the export's three stacks, whose softmax one program takes
             cases.append((f"3 stacks of {classes}", np.stack([probabilities(size, classes, s) for s in range(3)])))
         for label, p in cases:
-            for kernel, directions in (("torch", 1), ("fused", 1), ("fused", 2), ("fused", 3)):
+            for kernel, directions, on_cuda in (("torch", 1, False), ("auto", 1, True), ("fused", 1, False),
+                                                ("fused", 2, False), ("fused", 3, False)):  # fmt: skip
                 run_cfg = replace(cfg, kernel=kernel, blur_directions=directions)
-                build, per_iteration = launch_counts(run_cfg, image, p)
-                print(f"| {name} ({label}) | {kernel} | {directions if kernel == 'fused' else '-'} | {build} | "
+                build, per_iteration = launch_counts(run_cfg, image, p, as_on_cuda=on_cuda)
+                shown = f"{kernel} (as on CUDA: the simplices kernel)" if on_cuda else kernel
+                print(f"| {name} ({label}) | {shown} | {directions if kernel == 'fused' else '-'} | {build} | "
                       f"{per_iteration:g} | {build + cfg.iterations * per_iteration:g} |", flush=True)  # fmt: skip
 
 

@@ -27,8 +27,9 @@
 #   infer_voc_bf16, infer_coco_bf16
 #                          (not by default) the same with the model in bf16 autocast (infer.dtype, docs/reference.md
 #                          row 23);
-#   crf                    the CRF alone, both kernels (the Triton one blurring one direction per launch, the
-#                          fastest on the H200), batch 1 and 16, at the default memory budget and at 4 times it (runs
+#   crf                    the CRF alone, infer.crf.kernel auto (the simplices kernel beside PyTorch's products)
+#                          against torch (PyTorch's operations alone; the Triton products lost everywhere on the
+#                          H200), batch 1 and 16, at the default memory budget and at 4 times it (runs
 #                          of more images, which share each run's fixed cost), with its peak CUDA memory and traffic
 #                          bound, the cases by their need (COCO's 81 classes first, VOC's 3 last), and after each
 #                          case, at batch 16, the 12 longest kernels of the construction and of a whole call, with the
@@ -91,7 +92,7 @@ for name in "${steps[@]}"; do
       --rows loop "model alone" --modes single ms+flip ms+flip+crf --mask-classes all --memory --max-workers 0 \
       --repeats 2 --dtype bfloat16 ;;
     crf) step "$name" 120 bench/bench_crf.py --cuda-only --cuda-batches 1 16 --cuda-memory-mib 3072 12288 \
-      --cases coco81 voc21 voc3 --profile 12 ;;
+      --cuda-kernels auto torch --cases coco81 voc21 voc3 --profile 12 ;;
     loader) step "$name" 120 bench/bench_loader.py --workers 0 1 2 4 8 --batches 48 ;;
     export) step "$name" 120 bench/bench_export.py --device cuda --time --crf --num 256 --batch-sizes 1 16 ;;
     tests) step "$name" 120 "${pytest[@]}" tests/inference/test_crf_kernels.py tests/test_par_kernel.py \

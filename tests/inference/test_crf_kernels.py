@@ -169,6 +169,35 @@ def test_the_fused_lattice_is_the_pytorch_one(kind):
         assert torch.equal(matrix.to_dense().cpu().double(), blur_matrix(neighbours))
 
 
+@pytest.mark.parametrize("kind", ["gaussian", "bilateral"])
+def test_the_simplices_kernel_builds_the_pytorch_lattice(kind):
+    """CUDA's ``auto`` (``build_lattice(simplices_kernel=True)``): the simplices found by their kernel, the products'
+    matrices PyTorch's: every index and weight of the splat, the slice and each direction's blur the same as without
+    the kernel, for two images with pydensecrf's padding points."""
+    colour = None if kind == "gaussian" else 5.0
+    features = torch.cat([pixel_features(9, 11, 3.0, colour), pixel_features(7, 6, 3.0, colour, seed=3)]).to(DEVICE)
+    built = [permutohedral.build_lattice(features, [99, 42], reference_padding=True, simplices_kernel=k)
+             for k in (False, True)]  # fmt: skip
+    assert built[0].points == built[1].points and built[1].neighbours is None
+    assert len(built[1].blur) == features.shape[1] + 1
+    for a, b in zip(*[[b.splat, b.slice, *b.blur] for b in built], strict=True):
+        for part in ("crow_indices", "col_indices", "values"):
+            assert torch.equal(getattr(a, part)(), getattr(b, part)()), part
+
+
+@pytest.mark.parametrize(
+    ("kernel", "device", "expected"),
+    [("auto", "cuda", True), ("auto", "cpu", False), ("fused", "cpu", True), ("torch", "cuda", False)],
+)
+def test_where_the_simplices_kernel_runs(kernel, device, expected, monkeypatch):
+    """With ``auto`` on CUDA beside PyTorch's products, with ``fused`` everywhere, never with ``torch`` or on the CPU's
+    ``auto`` (where Triton only interprets), and not without triton."""
+    assert crf_module.finds_simplices_by_kernel(CrfConfig(kernel=kernel), device) is expected
+    monkeypatch.setattr(permutohedral, "kernels", None)  # without triton: PyTorch's operations (fused says why)
+    if kernel != "fused":
+        assert not crf_module.finds_simplices_by_kernel(CrfConfig(kernel=kernel), device)
+
+
 @pytest.mark.parametrize("channels", [1, 21, 40])
 def test_the_blur_kernel_is_the_blur_matrixs_product(channels):
     """Each direction of a two-image lattice: the blur read from the neighbours equals the product kernel with the
@@ -369,23 +398,26 @@ def test_the_kernels_path_holds_no_more_memory_than_its_estimate(size, images, c
         pixels, classes, True), peak / pixels
 
 
-CALL_OPERATIONS = {"torch": (482, 15), "fused": (197, 12)}
-"""Operations a CRF call dispatches (each Triton launch one; ``bench/bench_crf.py --launches``, docs/benchmarks.md):
-to build the lattices and normalise the kernels, and per mean-field iteration, at 21 classes."""
+CALL_OPERATIONS = {"torch": (385, 15), "auto": (236, 15), "fused": (197, 12)}
+"""Operations a CRF call dispatches (each Triton launch one; ``bench/bench_crf.py --launches``, docs/benchmarks.md;
+``auto`` as on CUDA): to build the lattices and normalise the kernels, and per mean-field iteration, at 21 classes."""
 
 
-@pytest.mark.parametrize("kernel", ["torch", "fused"])
+@pytest.mark.parametrize("kernel", ["torch", "auto", "fused"])
 def test_a_crf_call_dispatches_no_more_operations_than_counted(kernel, monkeypatch):
-    """The ceilings of the table, on a 12 x 16 photograph's corner (the counts do not depend on the size); a GPU's
-    uploads and reads back are transfers, counted apart (``OpCounter.transfers``: none on the CPU)."""
+    """The ceilings of the table, on a 12 x 16 photograph's corner (the counts do not depend on the size); ``auto``
+    as on CUDA (the simplices kernel, PyTorch's products) on any device; a GPU's uploads and reads back are
+    transfers, counted apart (``OpCounter.transfers``: none on the CPU)."""
     skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the photographs (dev requirement)")
     image = np.ascontiguousarray(skimage_data.astronaut()[100:124:2, 200:232:2])
     probs = torch.from_numpy(smooth_probs(image.shape[:2], 21, seed=5, cell=4)).to(DEVICE)
+    finds = crf_module.finds_simplices_by_kernel
     counts = []
     for iterations in (0, 2):
         counter = OpCounter()
         for name in kernels.LAUNCHED:
             monkeypatch.setattr(kernels, name, counter.launches(getattr(kernels, name)))
+        monkeypatch.setattr(crf_module, "finds_simplices_by_kernel", lambda cfg, device: finds(cfg, "cuda"))
         with counter:
             dense_crf(image, probs, CrfConfig(iterations=iterations, kernel=kernel))
         monkeypatch.undo()

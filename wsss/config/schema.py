@@ -364,7 +364,8 @@ class CrfConfig(Section):
     apart): ``fused`` (one Triton kernel per product, the prior and the softmax in the slices, and one for each
     lattice's simplices; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``torch`` (PyTorch's sparse CSR products and
     operations, any device) or ``auto`` (the path measured faster on the device: torch on the CPU and, measured on an
-    H200, on CUDA too). docs/reference.md, the bullets after the table."""
+    H200, on CUDA too, where the lattices' simplices come from their Triton kernel: the same lattice in fewer
+    operations). docs/reference.md, the bullets after the table."""
     blur_directions: int = bounded(1, Range(1, CRF_BLUR_DIRECTIONS, why="the kernel's ceiling"))
     """Triton kernels (``kernel``): the lattice directions one launch blurs, each earlier direction's values computed
     where the next reads them instead of stored: the same float32 sums however many (tested bit for bit), fewer

@@ -81,7 +81,8 @@ of 500 x 375, 21 classes, one thread: 0.76 images/s in one run against 1.24 one 
 __all__ = [
     "BYTES_PER_PIXEL", "BYTES_PER_PIXEL_AND_CLASS", "CPU_RUN_PIXELS", "CrfPool", "KERNEL_BYTES_PER_PIXEL",
     "KERNEL_BYTES_PER_PIXEL_AND_CLASS", "KERNEL_MESSAGE_BYTES", "NORM_EPS", "UNARY_CLIP", "estimated_bytes",
-    "crf_labels", "crf_labels_stacked", "dense_crf", "dense_crf_batch", "uses_kernels", "working_size",
+    "crf_labels", "crf_labels_stacked", "dense_crf", "dense_crf_batch", "finds_simplices_by_kernel", "uses_kernels",
+    "working_size",
 ]  # fmt: skip
 
 
@@ -362,7 +363,8 @@ def _potts_kernel(features: Tensor, sizes: list[int], compat: float, cfg: CrfCon
                   fused: bool) -> permutohedral.Lattice:  # fmt: skip
     """The lattice of ``features`` scaled so that its filter gives ``compat`` x the symmetrically normalised Gaussian
     filter (Potts: subtracted from the message); its construction's tensors are let go on return."""
-    lattice = build_lattice(features, sizes, dtype, cfg.reference_padding, fused, blur_directions=cfg.blur_directions)
+    lattice = build_lattice(features, sizes, dtype, cfg.reference_padding, fused, blur_directions=cfg.blur_directions,
+                            simplices_kernel=finds_simplices_by_kernel(cfg, features.device))  # fmt: skip
     ones = features.new_ones(features.shape[0], 1, dtype=dtype)
     if fused:
         filtered = lattice.filter_fused(ones, torch.empty_like(ones), workspace_for([lattice], 1, dtype, ones.device))
@@ -382,6 +384,17 @@ def uses_kernels(cfg: CrfConfig, device: str | torch.device) -> bool:
     if cfg.kernel == "fused" and permutohedral.kernels is None:
         raise ModuleNotFoundError("infer.crf.kernel='fused' needs the triton package (pip install triton)")
     return cfg.kernel == "fused"
+
+
+def finds_simplices_by_kernel(cfg: CrfConfig, device: str | torch.device) -> bool:
+    """Whether the lattices' construction finds each point's simplex and weights in the Triton kernel
+    (:func:`wsss.inference.crf.kernels.simplices`: the same float32 roundings, so the same lattice, in one launch
+    instead of about 80 PyTorch operations per lattice): on the Triton kernels' path (:func:`uses_kernels`), and with
+    ``auto`` on CUDA where triton is installed, beside PyTorch's products: a GPU's CRF run cost about 17.6 ms whatever
+    its images (docs/benchmarks.md "A CRF run's operations on a GPU")."""
+    if cfg.kernel == "auto":
+        return torch.device(device).type == "cuda" and permutohedral.kernels is not None
+    return uses_kernels(cfg, device)
 
 
 def _softmax(message: Tensor, out: Tensor) -> None:
