@@ -96,14 +96,14 @@ def test_a_profiled_call_splits_the_construction_from_the_mean_field(capsys):
 
 
 def test_the_cuda_table_profiles_each_case_at_its_largest_batch(capsys, monkeypatch):
-    """The CUDA table's code on the CPU, two small cases at batches of 1 and 2 and two memory budgets: a row per case,
-    batch and budget, then each case's profiles, at the batch of 2 only, before the next case's rows under their own
-    header."""
+    """The CUDA table's code on the CPU, two small cases at batches of 1 and 2, two kernel choices and two memory
+    budgets: a row per case, batch, kernel choice and budget, then each case's profiles, at the batch of 2 only, before
+    the next case's rows under their own header."""
     import argparse
 
     pytest.importorskip("skimage")  # its photographs (a dev requirement)
     monkeypatch.setattr(bench_crf, "CASES", {"three": ((24, 32), 3), "five": ((24, 32), 5)})
-    args = argparse.Namespace(cases=["three", "five"], cuda_batches=[1, 2], cuda_kernels=["torch"],
+    args = argparse.Namespace(cases=["three", "five"], cuda_batches=[1, 2], cuda_kernels=["auto", "torch"],
                               cuda_blur_directions=[1], cuda_memory_mib=[64, 128], profile=2)  # fmt: skip
     bench_crf.cuda_table(args, bench_crf.CrfConfig(iterations=2), "cpu")
     shown = []
@@ -112,13 +112,14 @@ def test_the_cuda_table_profiles_each_case_at_its_largest_batch(capsys, monkeypa
         if cells[:1] == ["case"]:
             shown.append("header")
         elif cells[:1] in (["three"], ["five"]):
-            shown.append(f"{cells[0]} {cells[1]} {cells[4]}")
+            shown.append(f"{cells[0]} {cells[1]} {cells[2]} {cells[4]}")
         elif line.startswith(("three,", "five,")):
             shown.append(line.split(": ")[0] + ": " + line.split(": ")[1].split(" ")[0])
 
     def rows(case: str) -> list[str]:
-        profiles = [f"{case}, batch 2, torch, memory_mib {mib}: {part}" for mib in (64, 128)
+        choices = [(kernel, mib) for kernel in ("auto", "torch") for mib in (64, 128)]
+        profiles = [f"{case}, batch 2, {kernel}, memory_mib {mib}: {part}" for kernel, mib in choices
                     for part in ("construction", "whole")]  # fmt: skip
-        return ["header", *(f"{case} {batch} {mib}" for batch in (1, 2) for mib in (64, 128)), *profiles]
+        return ["header", *(f"{case} {batch} {kernel} {mib}" for batch in (1, 2) for kernel, mib in choices), *profiles]
 
     assert shown == rows("three") + rows("five"), shown
