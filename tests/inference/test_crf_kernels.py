@@ -426,6 +426,30 @@ def test_a_crf_call_dispatches_no_more_operations_than_counted(kernel, monkeypat
     assert counts[0] <= build and (counts[1] - counts[0]) / 2 <= per_iteration, counts
 
 
+IMAGE_OPERATIONS = 12
+"""Operations each further image of one size adds to a pool's batch in one mean-field run (``bench/bench_crf.py
+--launches`` counts a call; docs/benchmarks.md "A CRF run's operations on a GPU"): its finiteness, unary, colour
+features and labels; its positions are its size's."""
+
+
+def test_each_image_of_a_run_dispatches_no_more_operations_than_counted():
+    """``CrfPool.submit_batch`` in this process (as on a GPU) of 2 and 4 photographs' corners of one size, 21 classes,
+    0 iterations (the iterations' operations are the run's): half the difference per image."""
+    skimage_data = pytest.importorskip("skimage.data", reason="scikit-image ships the photographs (dev requirement)")
+    photo = skimage_data.astronaut()
+    images = [np.ascontiguousarray(photo[100 + 24 * k : 124 + 24 * k : 2, 200:232:2]) for k in range(4)]
+    probs = [torch.from_numpy(smooth_probs(image.shape[:2], 21, seed=k, cell=4)).to(DEVICE)
+             for k, image in enumerate(images)]  # fmt: skip
+    counts = []
+    for n in (2, 4):
+        counter = OpCounter()
+        with counter:
+            futures = CrfPool(CrfConfig(iterations=0, kernel="torch")).submit_batch(images[:n], probs[:n])
+        assert all(f.exception() is None for f in futures)
+        counts.append(sum(counter.counts.values()))
+    assert (counts[1] - counts[0]) / 2 <= IMAGE_OPERATIONS, counts
+
+
 def test_the_stacks_softmax_is_taken_in_the_last_slice(monkeypatch):
     """The export's three stacks (crf_labels_stacked): an iteration is the 12 launches of one map, each stack's
     softmax in the slices' program, not apart."""

@@ -302,7 +302,7 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
     sizes = [p.shape[1] * p.shape[2] for p in probs]
     classes = max(p.shape[0] for p in probs) // stacks  # per stack
     unary = torch.full((sum(sizes), stacks, classes), float("inf"), dtype=dtype, device=device)  # absent: p = 0
-    rows, features_g, features_b = 0, [], []
+    rows, features_g, features_b, positions = 0, [], [], {}
     sxy_g, sxy_b, srgb = (to_device(torch.tensor(v, dtype=torch.float32), device)
                           for v in (cfg.gaussian_sxy, cfg.bilateral_sxy, cfg.bilateral_srgb))  # fmt: skip
     for image, p in zip(images, probs, strict=True):
@@ -312,17 +312,19 @@ def _mean_field(images: Sequence[np.ndarray | Tensor], probs: Sequence[Tensor], 
         values = p.detach().float().reshape(stacks, c // stacks, -1).permute(2, 0, 1)
         unary[rows : rows + h * w, :, : c // stacks] = -values.clamp(UNARY_CLIP, 1.0).log().to(dtype)
         rows += h * w
-        y, x = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
-        xy = torch.stack([x.reshape(-1), y.reshape(-1)], dim=1).float()  # pydensecrf: feature (x, y) = (column, row)
+        if (h, w) not in positions:  # once per size in a run (the concatenation below copies them)
+            y, x = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+            xy = torch.stack([x.reshape(-1), y.reshape(-1)], dim=1).float()  # pydensecrf: (x, y) = (column, row)
+            # true division, as pydensecrf's i / sx (CUDA would multiply by a reciprocal for a Python scalar)
+            positions[h, w] = (xy / sxy_g, xy / sxy_b)
         rgb = to_device(_tensor(image, np.uint8), device).reshape(-1, 3).float()
-        # true division, as pydensecrf's i / sx (CUDA would multiply by a reciprocal for a Python scalar)
-        features_g.append(xy / sxy_g)
-        features_b.append(torch.cat([xy / sxy_b, rgb / srgb], dim=1))
+        features_g.append(positions[h, w][0])
+        features_b.append(torch.cat([positions[h, w][1], rgb / srgb], dim=1))
     fused = dtype == torch.float32 and uses_kernels(cfg, device)
     kernels = [_potts_kernel(torch.cat(features), sizes, compat, cfg, dtype, fused)
                for features, compat in ((features_g, cfg.gaussian_compat), (features_b, cfg.bilateral_compat))
                if compat != 0]  # fmt: skip
-    del features_g, features_b  # not held through the iterations
+    del features_g, features_b, positions  # not held through the iterations
     prior = unary.view(unary.shape[0], -1).neg_()  # -unary, in its buffer
     q, message = torch.empty_like(prior), prior.clone()
     _softmax(message.view(-1, classes), q.view(-1, classes))  # each stack on its own
@@ -441,8 +443,9 @@ def _check_pair(image: np.ndarray | Tensor, probs: np.ndarray | Tensor) -> None:
 def _check_pairs(
     images: Sequence[np.ndarray | Tensor], probs: Sequence[np.ndarray | Tensor]
 ) -> list[ValueError | None]:
-    """:func:`_check_pair` of many pairs: the ``ValueError`` of each, or None. The probabilities' finiteness is read
-    once per device for all of them (a GPU waits once per batch, not once per image)."""
+    """:func:`_check_pair` of many pairs: the ``ValueError`` of each, or None. Whether the probabilities are finite is
+    read once per device for all of them (a GPU waits once per batch, not once per image), from each one's sum (one
+    operation an image: NaN or infinite where any value is), and the pixels that are not counted only where so."""
     errors: list[ValueError | None] = []
     for image, p in zip(images, probs, strict=True):
         try:
@@ -451,14 +454,14 @@ def _check_pairs(
         except ValueError as err:
             errors.append(err)
     ok = [k for k, error in enumerate(errors) if error is None]
-    counts = {}
-    for k in ok:
-        finite = torch.isfinite(probs[k]) if isinstance(probs[k], Tensor) else np.isfinite(probs[k])
-        counts[k] = (~finite).any(0).sum()
-    for device in {c.device for c in counts.values() if isinstance(c, Tensor)}:
-        keys = [k for k, c in counts.items() if isinstance(c, Tensor) and c.device == device]
-        counts.update(zip(keys, torch.stack([counts[k] for k in keys]).tolist(), strict=True))
-    for k, bad in counts.items():
+    # float32 sums (a float16 map's sum could overflow; one that does anyway is only counted below, and passes)
+    finite = {k: probs[k].sum(dtype=torch.float32) if isinstance(probs[k], Tensor) else np.isfinite(probs[k]).all()
+              for k in ok}  # fmt: skip
+    for device in {f.device for f in finite.values() if isinstance(f, Tensor)}:
+        keys = [k for k, f in finite.items() if isinstance(f, Tensor) and f.device == device]
+        finite.update(zip(keys, torch.isfinite(torch.stack([finite[k] for k in keys])).tolist(), strict=True))
+    for k in (k for k, f in finite.items() if not f):
+        bad = (~torch.isfinite(torch.as_tensor(probs[k]))).any(0).sum()
         if bad:
             pixels = probs[k].shape[1] * probs[k].shape[2]
             errors[k] = ValueError(
