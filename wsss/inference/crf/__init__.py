@@ -444,8 +444,8 @@ def _check_pairs(
     images: Sequence[np.ndarray | Tensor], probs: Sequence[np.ndarray | Tensor]
 ) -> list[ValueError | None]:
     """:func:`_check_pair` of many pairs: the ``ValueError`` of each, or None. Whether the probabilities are finite is
-    read once per device for all of them (a GPU waits once per batch, not once per image), from each one's sum (one
-    operation an image: NaN or infinite where any value is), and the pixels that are not counted only where so."""
+    read once per device for all of them (a GPU waits once per batch, not once per image), from each map's sum (one
+    operation an image: NaN or infinite where any value is); the pixels that are not are counted only in such a map."""
     errors: list[ValueError | None] = []
     for image, p in zip(images, probs, strict=True):
         try:
