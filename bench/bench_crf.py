@@ -33,8 +33,8 @@ call), and the N longest.
 interpreter, each launch counted as one: :class:`wsss.utils.op_count.OpCounter`): to build the lattices and the
 kernels' normalisation (a call of 0 iterations), and per mean-field iteration, with each kernel choice (``auto`` as
 on CUDA: the simplices kernel beside PyTorch's products; the Triton kernels blurring 1, 2 and 3 directions per
-launch), on a photograph shrunk to 48 x 64 (the counts do not depend on
-the size); for 3 and 21 classes also three stacks of them (``crf_labels_stacked``, the pseudo-label export's call).
+launch), on a photograph shrunk to 48 x 64 (the counts do not depend on the size); for 3 and 21 classes also three
+stacks of them (``crf_labels_stacked``, the pseudo-label export's call).
 
 ``--memory``: the most memory one CRF call holds, bytes per pixel, as the allocator counts it (on the CPU:
 :func:`wsss.utils.allocations.peak_allocated`), with each kernel choice, on colour noise (the most lattice points an
